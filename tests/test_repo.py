@@ -1,0 +1,80 @@
+"""The repository's own contract: nbdev sync, pins, profiles and the README's two commands."""
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import nbdev_sync
+from afm.reproduce import load_profiles
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "repo"
+    dst.mkdir()
+    shutil.copy(REPO / "pyproject.toml", dst)
+    shutil.copytree(REPO / "nbs", dst / "nbs")
+    shutil.copytree(REPO / "afm", dst / "afm", ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def test_sync_check_passes_on_the_repo():
+    assert nbdev_sync.problems() == []
+
+
+def test_sync_check_catches_a_hand_edited_module(tmp_path):
+    repo = _copy(tmp_path)
+    coa = repo / "afm" / "coa.py"
+    coa.write_text(coa.read_text() + "\nHAND_EDIT = 1\n")
+    assert nbdev_sync.problems(repo) == ["afm/coa.py: differs from a fresh nbdev-export (run nbdev-export and commit)"]
+
+
+def test_sync_check_catches_a_stale_module(tmp_path):
+    repo = _copy(tmp_path)
+    (repo / "afm" / "leftover.py").write_text("x = 1\n")
+    assert any(p.startswith("afm/leftover.py") for p in nbdev_sync.problems(repo))
+
+
+def test_sync_check_catches_notebook_outputs_and_metadata(tmp_path):
+    repo = _copy(tmp_path)
+    path = repo / "nbs" / "00_coa.ipynb"
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    cell["execution_count"] = 7
+    cell["metadata"]["collapsed"] = True
+    path.write_text(json.dumps(nb, indent=1))
+    assert nbdev_sync.problems(repo) == ["nbs/00_coa.ipynb: not clean (run nbdev-clean and commit)"]
+
+
+def test_pins_and_extras():
+    proj = tomllib.loads((REPO / "pyproject.toml").read_text())
+    deps = proj["project"]["dependencies"]
+    for pin in ("torch==2.13.0", "transformers>=5.17,<5.18", "trl==1.16.0"):
+        assert pin in deps, pin
+    for name in ("peft", "accelerate", "datasets", "papermill", "nbdev", "jupyterlab", "ipykernel", "matplotlib", "tqdm"):
+        assert any(d.startswith(name) for d in deps), name
+    extras = proj["project"]["optional-dependencies"]
+    assert extras["gpu"] == ["trl[vllm]==1.16.0"]
+    assert any(d.startswith("pytest") for d in extras["dev"]) and any(d.startswith("hypothesis") for d in extras["dev"])
+    assert proj["project"]["scripts"]["afm"] == "afm.cli:main"
+    assert proj["tool"]["nbdev"]["lib_path"] == "afm"
+
+
+def test_installed_versions_match_the_pins():
+    from importlib.metadata import version
+    assert version("torch").startswith("2.13.0") and "+cu" not in version("torch")
+    assert version("transformers").startswith("5.17.") and version("trl") == "1.16.0"
+
+
+def test_profiles():
+    profiles = load_profiles(REPO / "settings.ini")
+    assert {"tiny", "smol"} <= set(profiles) and any(p.startswith("paper-") for p in profiles)
+    for name, params in profiles.items():
+        assert params.get("description"), f"profile {name} needs a description"
+
+
+def test_readme_names_the_two_commands():
+    readme = (REPO / "README.md").read_text()
+    assert "make reproduce" in readme and "make test" in readme
+    assert "make test" in (REPO / ".ci" / "run").read_text()
