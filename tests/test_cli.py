@@ -54,3 +54,16 @@ def test_run_writes_metrics_and_resumes(tmp_path):
 def test_run_outside_a_repository_is_a_clear_error(tmp_path):
     r = afm("run", cwd=tmp_path)
     assert r.returncode == 1 and "no afm repository" in r.stderr
+
+
+def test_bench_tools_prints_side_by_side_figures(tmp_path):
+    env_cache = {"AFM_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([AFM, "bench", "tools", "--queries", "20", "--runs", "3", "--json"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", **env_cache})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["documents"] == 10033 and res["queries"] == 20 and res["runs"] == 3
+    for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_ms", "plain_python_ms", "sandbox_exec_per_s_2_workers"):
+        assert res[k] > 0, k
+    assert res["speedup_single"] == round(res["afm_qps_single"] / res["rank_bm25_qps"], 1)
+    assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached

@@ -1,0 +1,660 @@
+"""Adversarial and ordinary tests of afm.tools.run_python, under bwrap and in the rlimits fallback.
+
+After every run the tests check that no process of any sandbox uid is left, so they assume
+that nothing else (e.g. bench_sandbox.py) uses the sandbox on this machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import afm.tools as sandbox
+from afm.tools import ExecResult, code_blocks, run_python
+
+MARGIN_S = 3.0  # a run must end within its timeout plus this
+HOST_FILE = Path(__file__).resolve().parents[1] / "README.md"  # the repository, which the sandbox must not see
+BWRAP_USABLE = sandbox.sandbox_info()["isolation"] == "bwrap"
+needs_bwrap = pytest.mark.skipif(not BWRAP_USABLE, reason="bubblewrap is not usable here")
+pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX DEGRADED")
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def sandbox_processes() -> list[tuple[int, int, str]]:
+    """(pid, uid, name) of every live process owned by a sandbox uid, read from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            lines = Path(f"/proc/{entry}/status").read_text().splitlines() if entry.isdigit() else []
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+        if not fields or fields["State"].startswith(("Z", "X")):
+            continue
+        uid = int(fields["Uid"].split()[0])
+        if sandbox.UID_BASE <= uid < sandbox.UID_BASE + sandbox.UID_SLOTS:
+            found.append((int(entry), uid, fields["Name"]))
+    return found
+
+
+def run(code: str, **kwargs) -> ExecResult:
+    """run_python, asserting that it ends in time and leaves no process behind."""
+    start = time.monotonic()
+    result = run_python(code, **kwargs)
+    elapsed = time.monotonic() - start
+    assert elapsed < kwargs.get("timeout_s", 5.0) + MARGIN_S, result
+    assert result.wall_s <= elapsed
+    assert sandbox_processes() == [], result
+    return result
+
+
+def run_json(code: str, **kwargs) -> dict:
+    """Run code that prints one JSON document; return it."""
+    result = run(code, **kwargs)
+    assert result.status == "ok", result
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(params=["bwrap", "rlimits"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test taking this runs under bwrap and in the rlimits fallback."""
+    if request.param == "bwrap" and not BWRAP_USABLE:
+        pytest.skip("bubblewrap is not usable here")
+    monkeypatch.setenv("AFM_SANDBOX", request.param)
+    return request.param
+
+
+@pytest.fixture
+def bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Force bubblewrap."""
+    if not BWRAP_USABLE:
+        pytest.skip("bubblewrap is not usable here")
+    monkeypatch.setenv("AFM_SANDBOX", "bwrap")
+
+
+@pytest.fixture
+def rlimits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Force the rlimits fallback."""
+    monkeypatch.setenv("AFM_SANDBOX", "rlimits")
+
+
+# --- attacks -----------------------------------------------------------------------------
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+def test_fork_bomb_is_contained(mode: str) -> None:
+    counts: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        """Record the largest process count of one uid, until shortly before the timeout."""
+        stop = time.monotonic() + 1.5  # a scan during the clean-up could count processes twice
+        while not done.is_set() and time.monotonic() < stop:
+            per_uid = Counter(uid for _, uid, _ in sandbox_processes())
+            counts.append(max(per_uid.values(), default=0))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = run(FORK_BOMB, timeout_s=2)
+    finally:
+        done.set()
+        sampler.join()
+    assert result.status == "timeout"
+    assert result.exit_code is None
+    assert 1 < max(counts) <= sandbox.MAX_PROCS
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout"),
+    [
+        ("while True:\n    pass", ""),
+        (
+            "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
+            "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass",
+            "",
+        ),
+        ("import time\nprint('started')\ntime.sleep(100)", "started\n"),  # output before the timeout is kept
+    ],
+    ids=["busy", "ignoring-signals", "sleeping"],
+)
+def test_endless_code_times_out(mode: str, code: str, stdout: str) -> None:
+    result = run(code, timeout_s=1)
+    assert (result.status, result.stdout, result.exit_code) == ("timeout", stdout, None)
+    assert result.reason == "Timed out after 1 s"
+    assert 1 <= result.wall_s < 1 + MARGIN_S
+
+
+def test_cpu_time_limit(mode: str) -> None:
+    code = "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, 2))\nwhile True:\n    pass"
+    result = run(code, timeout_s=4)
+    assert (result.status, result.exit_code) == ("timeout", 152)
+    assert result.reason.startswith("CPU time limit exceeded")
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["x = bytearray(8 * 1024**3)", "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))"],
+    ids=["one-block", "growing"],
+)
+def test_memory_bomb_is_contained(mode: str, code: str) -> None:
+    result = run(code, memory_mb=256)
+    assert result.status == "memory", result
+    assert result.reason == "Out of memory (limit 256 MB)"
+    assert "MemoryError" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 1_000_000)",
+        "import os\nwhile True:\n    os.write(2, b'e' * 65536)",
+        "import os, sys\nif os.fork() == 0:\n    while True:\n        sys.stdout.write('c' * 100_000)\nos.wait()",
+    ],
+    ids=["stdout", "stderr", "child"],
+)
+def test_output_flood_is_killed(mode: str, code: str) -> None:
+    result = run(code, timeout_s=10, max_output_chars=5000)
+    assert result.status == "killed"
+    assert result.reason == "Killed: output limit exceeded"
+    assert result.truncated
+    assert len(result.stdout) <= 5000 and len(result.stderr) <= 5000
+    assert result.wall_s < 5
+
+
+WRITE_ATTEMPTS = """
+import json, os
+outcome = {{}}
+for directory in {paths!r}:
+    try:
+        with open(os.path.join(directory, {name!r}), "w") as f:
+            f.write("escaped")
+        outcome[directory] = "written"
+    except OSError as exc:
+        outcome[directory] = type(exc).__name__
+with open({name!r}, "w") as f:
+    f.write("inside")
+outcome["cwd"] = open({name!r}).read()
+print(json.dumps(outcome))
+"""
+
+
+def write_attempts(directories: list[str]) -> dict:
+    """Try to create a file in each directory from inside the sandbox; check the host too."""
+    name = f"afm-escape-{uuid.uuid4().hex}"
+    outcome = run_json(WRITE_ATTEMPTS.format(paths=directories, name=name))
+    for directory in directories:
+        assert not os.path.exists(os.path.join(directory, name)), directory
+    assert outcome.pop("cwd") == "inside"
+    return outcome
+
+
+@needs_bwrap
+def test_cannot_write_outside_workdir(bwrap: None) -> None:
+    directories = ["/", "/var/tmp", "/usr", "/usr/lib", "/etc", "/root", "/work", str(HOST_FILE.parent), "/home", "/dev"]
+    outcome = write_attempts(directories)
+    assert all(value != "written" for value in outcome.values()), outcome
+
+
+@needs_bwrap
+def test_tmp_is_the_workdir(bwrap: None) -> None:
+    name = f"afm-escape-{uuid.uuid4().hex}"
+    code = f"import os\nopen('/tmp/{name}', 'w').write('x')\nprint(sorted(os.listdir('.')), os.path.realpath('/tmp'))"
+    result = run(code)
+    assert result.stdout == f"{sorted(['main.py', name])} /sandbox\n"
+    assert not os.path.exists(f"/tmp/{name}")
+
+
+def test_rlimits_cannot_write_system_directories(rlimits: None) -> None:
+    outcome = write_attempts(["/usr", "/usr/lib", "/etc", "/root", str(HOST_FILE.parent), "/"])
+    assert all(value == "PermissionError" for value in outcome.values()), outcome
+
+
+READ_ATTEMPTS = """
+import json, os
+outcome = {{}}
+for path in {paths!r}:
+    try:
+        outcome[path] = os.listdir(path) if os.path.isdir(path) else open(path).read()
+    except OSError as exc:
+        outcome[path] = type(exc).__name__
+print(json.dumps(outcome))
+"""
+
+
+@needs_bwrap
+def test_cannot_read_host_files(bwrap: None, tmp_path: Path) -> None:
+    canary = tmp_path / "canary.txt"
+    canary.write_text("CANARY-" + uuid.uuid4().hex)
+    canary.chmod(0o644)
+    paths = [str(HOST_FILE), "/work", "/root", "/home", "/etc/shadow", "/etc/passwd", "/var", str(canary)]
+    outcome = run_json(READ_ATTEMPTS.format(paths=paths))
+    assert HOST_FILE.exists()
+    assert outcome == {path: "FileNotFoundError" for path in paths}
+
+
+def test_rlimits_cannot_read_private_files(rlimits: None, tmp_path: Path) -> None:
+    canary = tmp_path / "canary.txt"
+    canary.write_text("CANARY-" + uuid.uuid4().hex)
+    canary.chmod(0o600)
+    outcome = run_json(READ_ATTEMPTS.format(paths=["/etc/shadow", "/root", str(canary)]))
+    assert set(outcome.values()) == {"PermissionError"}, outcome
+
+
+ENV_SNOOP = """
+import glob, os
+print(dict(os.environ))
+for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
+    try:
+        print(path, open(path, "rb").read())
+    except OSError as exc:
+        print(path, type(exc).__name__)
+"""
+
+
+def test_parent_environment_is_invisible(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "afm-secret-" + uuid.uuid4().hex
+    monkeypatch.setenv("AFM_TEST_SECRET", secret)
+    result = run(ENV_SNOOP)
+    assert result.status == "ok", result
+    assert "/proc/self/environ" in result.stdout
+    assert secret not in result.stdout + result.stderr
+    assert "AFM_TEST_SECRET" not in result.stdout
+
+
+NETWORK = """
+import json, socket
+outcome = {{}}
+for name, family, kind, address in [
+    ("tcp-host-listener", socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", {port})),
+    ("tcp-outside", socket.AF_INET, socket.SOCK_STREAM, ("1.1.1.1", 443)),
+    ("udp-dns", socket.AF_INET, socket.SOCK_DGRAM, ("8.8.8.8", 53)),
+]:
+    try:
+        with socket.socket(family, kind) as s:
+            s.settimeout(2)
+            s.connect(address)
+            s.send(b"x")
+        outcome[name] = "connected"
+    except OSError as exc:
+        outcome[name] = type(exc).__name__
+try:
+    socket.getaddrinfo("example.com", 80)
+    outcome["dns"] = "resolved"
+except OSError as exc:
+    outcome["dns"] = type(exc).__name__
+outcome["interfaces"] = [name for _, name in socket.if_nameindex()]
+print(json.dumps(outcome))
+"""
+
+
+@needs_bwrap
+def test_no_network(bwrap: None) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        outcome = run_json(NETWORK.format(port=listener.getsockname()[1]))
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert outcome.pop("interfaces") == ["lo"]
+    assert "connected" not in outcome.values() and "resolved" not in outcome.values(), outcome
+
+
+KILL_PARENT = """
+import os, signal
+for target in (os.getppid(), {pid}, {witness}, 1):
+    for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+for attack in (
+    lambda: os.killpg(os.getpgid({pid}), signal.SIGKILL),
+    lambda: os.killpg(os.getpgid({witness}), signal.SIGKILL),
+    lambda: os.kill(-1, signal.SIGKILL),  # everything this process may signal
+):
+    try:
+        attack()
+    except OSError:
+        pass
+print("still here")
+"""
+
+
+def test_cannot_kill_parent_or_host_processes(mode: str) -> None:
+    with subprocess.Popen(["sleep", "30"]) as witness:
+        try:
+            result = run(KILL_PARENT.format(pid=os.getpid(), witness=witness.pid))
+            assert witness.poll() is None
+        finally:
+            witness.kill()
+    assert (result.status, result.stdout) == ("ok", "still here\n"), result
+
+
+DAEMON = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        if {close}:
+            for fd in (0, 1, 2):
+                os.close(fd)
+        time.sleep(60)
+        os._exit(0)
+    os._exit(0)
+print("parent done")
+"""
+
+
+HOPPER = """
+import os
+if os.fork() == 0:
+    while True:  # fork and let the parent exit: the process keeps moving to a new pid
+        try:
+            if os.fork():
+                os._exit(0)
+        except OSError:
+            pass
+print("parent done")
+"""
+
+
+@pytest.mark.parametrize(
+    "code",
+    [DAEMON.format(close=True), DAEMON.format(close=False), HOPPER],
+    ids=["daemon-closed-stdio", "daemon-holding-stdout", "pid-hopper"],
+)
+def test_no_orphans_left(mode: str, code: str) -> None:
+    result = run(code, timeout_s=10)
+    assert result.status == "ok", result
+    assert result.stdout == "parent done\n"
+    assert result.wall_s < 2
+
+
+def test_file_size_is_limited(mode: str) -> None:
+    code = "with open('big', 'wb') as f:\n    for _ in range(100):\n        f.write(bytes(1 << 20))"
+    result = run(code)
+    assert result.status == "error"
+    assert "File too large" in result.stderr
+
+
+# --- ordinary behaviour ------------------------------------------------------------------
+
+
+def test_stdout_and_success(mode: str) -> None:
+    result = run("print('hello')\nprint('wörld ✓')")
+    assert (result.status, result.stdout, result.stderr, result.exit_code) == ("ok", "hello\nwörld ✓\n", "", 0)
+    assert result.isolation == mode and not result.truncated and result.reason == ""
+
+
+def test_stdin_is_fed(mode: str) -> None:
+    code = "n = int(input())\nprint(sum(map(int, input().split()[:n])))"
+    assert run(code, stdin="3\n1 2 3 4\n").stdout == "6\n"
+
+
+def test_missing_stdin_is_an_error(mode: str) -> None:
+    result = run("input()")
+    assert result.status == "error" and "EOFError" in result.stderr
+
+
+def test_exit_codes(mode: str) -> None:
+    result = run("import sys\nprint('partial')\nsys.exit(3)")
+    assert (result.status, result.exit_code, result.stdout) == ("error", 3, "partial\n")
+    assert result.reason == "Code exited with status 3"
+
+
+def test_exception(mode: str) -> None:
+    result = run("raise ValueError('boom')")
+    assert (result.status, result.exit_code) == ("error", 1)
+    assert "ValueError: boom" in result.stderr and "main.py" in result.stderr
+
+
+def test_death_by_signal(mode: str) -> None:
+    result = run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert (result.status, result.exit_code) == ("error", 139)
+    assert "SIGSEGV" in result.reason
+
+
+def test_environment_inside(mode: str) -> None:
+    info = run_json(
+        "import json, os, sys\n"
+        "open('scratch.txt', 'w').write('x')\n"
+        "print(json.dumps({'uid': os.getuid(), 'isolated': sys.flags.isolated, 'exe': sys.executable,"
+        " 'cwd_files': sorted(os.listdir('.')), 'env': sorted(os.environ)}))"
+    )
+    assert info["uid"] != 0 and info["isolated"] == 1 and info["exe"] == "/usr/bin/python3"
+    assert info["cwd_files"] == ["main.py", "scratch.txt"]
+    assert set(info["env"]) <= {"PATH", "LANG", "HOME", "TMPDIR", "USER", "PWD", "LC_CTYPE"}
+
+
+def test_workdir_is_removed(mode: str) -> None:
+    pattern = "afm-sbx-*"
+    before = set(Path(tempfile.gettempdir()).glob(pattern))
+    run("open('left.txt', 'w').write('x')")
+    assert set(Path(tempfile.gettempdir()).glob(pattern)) == before
+
+
+def test_truncation_keeps_head_and_tail(mode: str) -> None:
+    result = run("print('HEAD' + 'a' * 50_000 + 'TAIL')", max_output_chars=1000)
+    assert result.status == "ok" and result.truncated
+    assert len(result.stdout) <= 1000
+    assert result.stdout.startswith("HEAD") and result.stdout.endswith("TAIL\n")
+    assert "characters truncated" in result.stdout
+
+
+def test_concurrent_runs_get_their_own_uid(mode: str) -> None:
+    code = "import os, time\ntime.sleep(0.5)\nprint(os.getuid())"
+    results: list[ExecResult] = []
+    threads = [threading.Thread(target=lambda: results.append(run_python(code))) for _ in range(2)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.monotonic() - start < 1.5
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert results[0].stdout != results[1].stdout
+    assert sandbox_processes() == []
+
+
+# --- observation -------------------------------------------------------------------------
+
+
+def make(status: str = "ok", stdout: str = "", stderr: str = "", reason: str = "") -> ExecResult:
+    """An ExecResult with defaults for the fields observation() ignores."""
+    return ExecResult(status, stdout, stderr, 0 if status == "ok" else None, 0.1, False, "bwrap", reason)
+
+
+def test_observation_success() -> None:
+    expected = "[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n42\n[STDOUT:END]"
+    assert make(stdout="42\n").observation() == expected
+
+
+def test_observation_success_with_stderr() -> None:
+    text = make(stdout="1\n", stderr="warning\n").observation()
+    assert text == (
+        "[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n1\n[STDOUT:END]\n[STDERR:BEGIN]\nwarning\n[STDERR:END]"
+    )
+
+
+def test_observation_failure() -> None:
+    text = make("error", "", "Traceback\nZeroDivisionError\n", "Code exited with status 1").observation()
+    assert text == (
+        "[FAILED] Code exited with status 1.\n[STDOUT:BEGIN]\n\n[STDOUT:END]\n"
+        "[STDERR:BEGIN]\nTraceback\nZeroDivisionError\n[STDERR:END]"
+    )
+
+
+def test_observation_of_real_failures(mode: str) -> None:
+    assert run("while True: pass", timeout_s=0.5).observation().startswith("[FAILED] Timed out after 0.5 s.\n")
+    assert (
+        run("x = bytearray(2**33)", memory_mb=128).observation().startswith("[FAILED] Out of memory (limit 128 MB).\n")
+    )
+    flood = run("while True: print('y' * 10_000)").observation()
+    assert flood.startswith("[FAILED] Killed: output limit exceeded.\n")
+
+
+def test_observation_is_clipped_keeping_structure() -> None:
+    text = make("error", "o" * 30_000 + "END", "e" * 500 + "LAST", "Code exited with status 1").observation()
+    assert 1400 <= len(text) <= sandbox.OBSERVATION_CHARS + 10
+    for marker in ("[STDOUT:BEGIN]", "[STDOUT:END]", "[STDERR:BEGIN]", "[STDERR:END]"):
+        assert marker in text
+    assert "END\n[STDOUT:END]" in text and "e" * 500 + "LAST" in text
+    cut = int(re.search(r"\[\.\.\. (\d+) characters truncated \.\.\.\]", text).group(1))
+    body = text.split("[STDOUT:BEGIN]\n")[1].split("\n[STDOUT:END]")[0]
+    assert cut + body.count("o") + len("END") == 30_003
+
+
+def test_observation_counts_what_the_stream_already_cut(mode: str) -> None:
+    result = run("print('z' * 100_000)")
+    assert "[... 98" in result.observation()  # 100,001 characters, about 1,400 shown
+
+
+# --- code_blocks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("```python\nprint(1)\n```", ("print(1)\n", "")),
+        ("```py\nx = input()\nprint(x)\n```\n```sh\n5\n```", ("x = input()\nprint(x)\n", "5\n")),
+        ("```\nprint(2)\n```", ("print(2)\n", "")),
+        ("print(3)", ("print(3)\n", "")),
+        ("```python\nprint(4)", ("print(4)\n", "")),
+        ("```python\nprint(input())\n```sh\nhi", ("print(input())\n", "hi\n")),
+        ("<code>\n```python\nprint(5)\n```\n</code>", ("print(5)\n", "")),
+        ("  ```python\n  def f():\n      return 6\n  print(f())\n  ```", ("def f():\n    return 6\nprint(f())\n", "")),
+        ("print(input())\n```sh\n7\n8\n```", ("print(input())\n", "7\n8\n")),
+        ("```python\nprint(9)\n```\n```sh\n```", ("print(9)\n", "")),
+        ("print(10)\n```", ("print(10)\n", "")),
+        ("", ("", "")),
+    ],
+    ids=[
+        "python",
+        "py+sh",
+        "unlabelled",
+        "bare",
+        "unclosed",
+        "unclosed-before-sh",
+        "code-tags",
+        "indented",
+        "bare+sh",
+        "empty-sh",
+        "stray-fence",
+        "empty",
+    ],
+)
+def test_code_blocks(text: str, expected: tuple[str, str]) -> None:
+    assert code_blocks(text) == expected
+
+
+def test_code_blocks_feed_run_python(mode: str) -> None:
+    code, stdin = code_blocks("```python\na, b = map(int, input().split())\nprint(a * b)\n```\n```sh\n6 7\n```")
+    assert run(code, stdin=stdin).stdout == "42\n"
+
+
+def test_code_blocks_rejects_non_text() -> None:
+    with pytest.raises(TypeError, match="text"):
+        code_blocks(None)  # type: ignore[arg-type]
+
+
+# --- arguments and configuration ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        ({"code": 123}, TypeError, "code"),
+        ({"code": b"print(1)"}, TypeError, "code"),
+        ({"stdin": None}, TypeError, "stdin"),
+        ({"timeout_s": -1}, ValueError, "timeout_s"),
+        ({"timeout_s": 0}, ValueError, "timeout_s"),
+        ({"timeout_s": float("nan")}, ValueError, "timeout_s"),
+        ({"timeout_s": "5"}, TypeError, "timeout_s"),
+        ({"memory_mb": 0}, ValueError, "memory_mb"),
+        ({"memory_mb": 512.5}, TypeError, "memory_mb"),
+        ({"max_output_chars": 0}, ValueError, "max_output_chars"),
+        ({"max_output_chars": True}, TypeError, "max_output_chars"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict, error: type, name: str) -> None:
+    arguments = {"code": "print(1)", **kwargs}
+    with pytest.raises(error, match=name):
+        run_python(**arguments)
+
+
+def test_bad_isolation_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AFM_SANDBOX", "docker")
+    with pytest.raises(ValueError, match="AFM_SANDBOX"):
+        run_python("print(1)")
+
+
+def test_exec_result_rejects_unknown_status() -> None:
+    with pytest.raises(ValueError, match="status"):
+        make("crashed")
+
+
+@needs_bwrap
+def test_sandbox_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AFM_SANDBOX", raising=False)
+    info = sandbox.sandbox_info()
+    assert info["isolation"] == "bwrap" and "namespaces" in info["reason"]
+    monkeypatch.setenv("AFM_SANDBOX", "rlimits")
+    assert sandbox.sandbox_info()["isolation"] == "rlimits"
+
+
+def test_fallback_warns_once(rlimits: None, caplog: pytest.LogCaptureFixture) -> None:
+    sandbox._warn_fallback.cache_clear()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="sandbox"):
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert run("print(1)").isolation == "rlimits"
+    assert [str(w.message).startswith("SANDBOX DEGRADED") for w in caught] == [True]
+    assert [r.getMessage().startswith("SANDBOX DEGRADED") for r in caplog.records] == [True]
+
+
+def test_missing_bwrap_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, **kw: None if name == "bwrap" else real_which(name, **kw))
+    monkeypatch.delenv("AFM_SANDBOX", raising=False)
+    sandbox._bwrap_check.cache_clear()
+    try:
+        info = sandbox.sandbox_info()
+        assert (info["isolation"], info["reason"]) == ("rlimits", "bubblewrap (bwrap) is not installed")
+        with pytest.warns(RuntimeWarning, match="not installed"):
+            assert run("print(1)").isolation == "rlimits"
+        monkeypatch.setenv("AFM_SANDBOX", "bwrap")
+        with pytest.raises(RuntimeError, match="not installed"):
+            run_python("print(1)")
+    finally:
+        sandbox._bwrap_check.cache_clear()
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="CI installs bubblewrap through the Makefile")
+def test_ci_runs_the_real_sandbox() -> None:
+    """In CI the adversarial tests above must have run under bubblewrap, not been skipped."""
+    assert BWRAP_USABLE, sandbox.sandbox_info()

@@ -1,0 +1,179 @@
+"""The tools that speak HTTP, against real servers on localhost: the retrieval server (as `afm serve tools`, a process of its
+own), page fetching, Serper's protocol and an OpenAI-compatible summariser."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from afm.tools import (ChatEndpoint, Document, RetrievalClient, SearchIndex, SerperSearch, ToolError, ToolTimeout, Toolbox,
+                       extractive_summary, fetch_page, llm_summary, wiki_documents)
+
+AFM = str(Path(sys.executable).with_name("afm"))
+
+
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory):
+    docs = wiki_documents()[:500] + [Document("https://world.example/wiki/Varo_Keltan", "Varo Keltan",
+                                              "Varo Keltan is a fictional engineer. Keltan was born in Osmira in 1931.", "world")]
+    path = tmp_path_factory.mktemp("idx") / "index"
+    SearchIndex.build(docs).save(path)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Site(BaseHTTPRequestHandler):
+    """A small web site: an HTML page, a PDF, a slow page, a huge page, a 404, a Serper-like API and a chat endpoint."""
+    chat_failures = 0  # answer the next N chat requests with HTTP 500
+    seen_keys: list = []
+
+    def log_message(self, *a): pass
+
+    def _send(self, code, body: bytes, ctype="text/html; charset=utf-8"):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try: self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError): pass
+
+    def do_GET(self):
+        if self.path == "/page.html":
+            self._send(200, b"<html><head><title>Osmira</title><script>x()</script></head><body><nav>Home | About</nav>"
+                            b"<p>Osmira is a harbour town.</p><p>The Keltan bridge in Osmira opened in 1962.</p></body></html>")
+        elif self.path == "/doc.pdf": self._send(200, b"%PDF-1.4 ...", "application/pdf")
+        elif self.path == "/slow": time.sleep(3); self._send(200, b"<p>late</p>")
+        elif self.path == "/huge": self._send(200, b"<p>" + b"word " * 1_000_000 + b"</p>")
+        else: self._send(404, b"not found")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/search":
+            _Site.seen_keys.append(self.headers.get("X-API-KEY"))
+            if body["q"] == "explode": return self._send(500, b"upstream error", "text/plain")
+            organic = [{"title": f"Result {i} for {body['q']}", "link": f"https://r{i}.example/", "snippet": f"snippet {i}",
+                        **({"date": "2024-01-02"} if i == 1 else {})} for i in range(1, body.get("num", 10) + 1)]
+            return self._send(200, json.dumps({"organic": organic}).encode(), "application/json")
+        if self.path == "/v1/chat/completions":
+            if _Site.chat_failures > 0:
+                _Site.chat_failures -= 1
+                return self._send(500, b"overloaded", "text/plain")
+            prompt = body["messages"][-1]["content"]
+            if "SLOW" in prompt: time.sleep(2)
+            goal = prompt.split("\n", 1)[0].removeprefix("Goal: ")
+            page = prompt.split("Page content:\n", 1)[1].split("\n\nSummarise", 1)[0]
+            answer = {"choices": [{"message": {"role": "assistant", "content": extractive_summary(page, goal, 200)}}]}
+            return self._send(200, json.dumps(answer).encode(), "application/json")
+        self._send(404, b"no such endpoint")
+
+
+@pytest.fixture(scope="module")
+def site():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_retrieval_server_as_a_process(small_index):
+    port = _free_port()
+    proc = subprocess.Popen([AFM, "serve", "tools", "--index", str(small_index), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(150):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).json()["documents"] == 501: break
+            except httpx.HTTPError: time.sleep(0.1)
+        client = RetrievalClient(url)
+        remote = client.search_batch(["Varo Keltan birthplace", "Mona Lisa"], k=3)
+        local = SearchIndex.load(small_index).search_batch(["Varo Keltan birthplace", "Mona Lisa"], k=3)
+        assert [[h.doc.url for h in r] for r in remote] == [[h.doc.url for h in r] for r in local]
+        assert remote[0][0].doc.title == "Varo Keltan" and "Osmira" in remote[0][0].doc.text
+        r = httpx.post(f"{url}/retrieve", json={"queries": ["x"], "topk": 0})
+        assert r.status_code == 422 and "topk" in r.text
+        box = Toolbox(index=SearchIndex.load(small_index), retriever=client)
+        obs = box.session().call("wiki_search", "Varo Keltan").observation
+        assert obs.startswith("Doc 1(Title: Varo Keltan)")
+    finally:
+        proc.terminate(); proc.wait(10)
+
+
+def test_retrieval_client_against_a_dead_server():
+    with pytest.raises(ToolError, match="retrieval server"):
+        RetrievalClient(f"http://127.0.0.1:{_free_port()}").search("x")
+
+
+def test_fetch_page_html_and_failures(site):
+    title, text = fetch_page(f"{site}/page.html")
+    assert title == "Osmira" and "opened in 1962" in text and "x()" not in text and "Home" not in text
+    with pytest.raises(ToolError, match=r"not an HTML page \(application/pdf\)"): fetch_page(f"{site}/doc.pdf")
+    with pytest.raises(ToolError, match="HTTP 404"): fetch_page(f"{site}/missing")
+    t0 = time.perf_counter()
+    with pytest.raises(ToolTimeout, match="timed out after 0.5 s"): fetch_page(f"{site}/slow", timeout_s=0.5)
+    assert time.perf_counter() - t0 < 2.5
+    _, text = fetch_page(f"{site}/huge", max_bytes=10_000)
+    assert len(text) <= 10_000
+
+
+def test_crawl_page_online_mixes_pages_and_errors(site, small_index):
+    box = Toolbox(index=SearchIndex.load(small_index), online=True, fetch_timeout_s=0.5)
+    s = box.session("When did the Keltan bridge open?")
+    r = s.call("crawl_page", f"{site}/page.html | [pdf]({site}/doc.pdf) | {site}/slow")
+    assert r.status == "ok"
+    lines = r.observation.splitlines()
+    assert lines[0].startswith(f"Page 1 [{site}/page.html] Summary:") and "1962" in lines[0]
+    assert lines[1] == f"Page 2 [{site}/doc.pdf] Error: not an HTML page (application/pdf)"
+    assert lines[2].startswith(f"Page 3 [{site}/slow] Error: timed out")
+    r = s.call("crawl_page", f"{site}/slow")
+    assert r.status == "timeout" and r.observation.startswith("[FAILED] Page 1")
+    offline = Toolbox(index=SearchIndex.load(small_index)).session().call("crawl_page", f"{site}/page.html")
+    assert offline.status == "tool_error" and "not in the local document store (offline)" in offline.observation
+
+
+def test_serper_protocol(site):
+    _Site.seen_keys.clear()
+    serper = SerperSearch(api_key="k-123", endpoint=f"{site}/search")
+    hits = serper.search("varo keltan", k=3)
+    assert [h.doc.title for h in hits] == [f"Result {i} for varo keltan" for i in (1, 2, 3)] and _Site.seen_keys == ["k-123"]
+    box = Toolbox(online=True, serper=serper, index=SearchIndex.build([Document("u", "t", "x")]))
+    obs = box.session().call("web_search", "varo keltan").observation
+    assert "1. [Result 1 for varo keltan](https://r1.example/)\nDate: 2024-01-02\nSnippet: snippet 1" in obs
+    r = box.session().call("web_search", "explode")
+    assert r.status == "tool_error" and "500" in r.observation
+    os.environ.pop("SERPER_API_KEY", None)
+    with pytest.raises(ValueError, match="SERPER_API_KEY"): SerperSearch()
+
+
+def test_llm_summary_with_retries_and_timeouts(site, small_index):
+    ep = ChatEndpoint(site, "tiny", retries=2, timeout_s=1.0)
+    page = "Osmira is a harbour town. The Keltan bridge in Osmira opened in 1962. It is 300 m long."
+    assert "1962" in llm_summary(ep, page, "When did the Keltan bridge open?")
+    _Site.chat_failures = 2  # two 500s, then an answer: retried
+    assert "1962" in llm_summary(ep, page, "When did the Keltan bridge open?")
+    _Site.chat_failures = 5  # more 500s than retries: a clear error after the retries
+    with pytest.raises(ToolError, match="no completion after 3 attempts \\(HTTP 500\\)"): llm_summary(ep, page, "bridge")
+    _Site.chat_failures = 0
+    with pytest.raises(ToolError, match="timed out"): llm_summary(ChatEndpoint(site, "tiny", retries=0, timeout_s=0.5), "SLOW", "x")
+    box = Toolbox(index=SearchIndex.load(small_index), online=True, summarizer=ep)
+    obs = box.session("When did the Keltan bridge open?").call("crawl_page", f"{site}/page.html").observation
+    assert obs.startswith(f"Page 1 [{site}/page.html] Summary:") and "1962" in obs
+
+
+def test_chat_endpoint_from_env(monkeypatch):
+    monkeypatch.delenv("AFM_LLM_BASE_URL", raising=False)
+    assert ChatEndpoint.from_env() is None
+    monkeypatch.setenv("AFM_LLM_BASE_URL", "http://127.0.0.1:9/v1"); monkeypatch.setenv("AFM_LLM_MODEL", "m")
+    assert ChatEndpoint.from_env() == ChatEndpoint("http://127.0.0.1:9/v1", "m", "")
