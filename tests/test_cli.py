@@ -65,5 +65,5 @@ def test_bench_tools_prints_side_by_side_figures(tmp_path):
     assert res["documents"] == 10033 and res["queries"] == 20 and res["runs"] == 3
     for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_ms", "plain_python_ms", "sandbox_exec_per_s_2_workers"):
         assert res[k] > 0, k
-    assert res["speedup_single"] == round(res["afm_qps_single"] / res["rank_bm25_qps"], 1)
+    assert abs(res["speedup_single"] - res["afm_qps_single"] / res["rank_bm25_qps"]) <= 0.01 * res["speedup_single"] + 0.1
     assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached
