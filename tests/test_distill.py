@@ -1,0 +1,89 @@
+"""`afm distill` as a user runs it: a real process, killed mid-run and resumed, and its output checked end to end."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import datasets
+
+from afm.coa import Trajectory, check, counts
+from afm.distill import DISTILL_SUITES, read_runs
+from afm.tasks import grade, load_benchmark
+from afm.tools import TOOLS
+
+AFM = str(Path(sys.executable).with_name("afm"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _settings(tmp_path, per_suite):
+    path = tmp_path / "settings.ini"
+    path.write_text(f"[quick]\ndescription = test\ndistill_tasks_per_suite = {per_suite}\ndistill_workers = 2\n")
+    return path
+
+
+def test_distill_survives_a_crash_and_resumes(tmp_path):
+    settings, out = _settings(tmp_path, 12), tmp_path / "out"
+    cmd = [AFM, "distill", "--profile", "quick", "--settings", str(settings), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    runs = out / "runs.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not runs.exists() or len(runs.read_text().splitlines()) < 10):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    before = len(runs.read_text().splitlines())
+    assert 10 <= before < 12 * len(DISTILL_SUITES), before
+    with runs.open("a") as f: f.write('{"task_id": "half a line')  # a crash in the middle of a write
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ids = [r.task_id for r in read_runs(runs)]
+    assert len(ids) == len(set(ids)) == 12 * len(DISTILL_SUITES)  # nothing lost, nothing twice
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["tasks"] == 12 * len(DISTILL_SUITES) and stats["dataset_rows"] > 0
+
+
+def test_every_kept_trajectory_is_clean_correct_and_real(tmp_path):
+    settings, out = _settings(tmp_path, 10), tmp_path / "out"
+    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(settings), "--out", str(out)],
+                       capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ds = datasets.load_from_disk(str(out / "dataset"))
+    tasks = {t.id: t for s in DISTILL_SUITES for t in load_benchmark(s, split="sft", sizes={"sft": 10})}
+    kinds = Counter()
+    for row in ds:
+        t = Trajectory.from_json(row["trajectory"])
+        assert check(t) == [] and counts(t)["interactions"] >= 5, (t.task_id, check(t))
+        assert grade(tasks[t.task_id], t.answer) == 1.0
+        for s in t.steps:
+            if TOOLS.tags.is_tool(s.role): assert s.observation and "already" not in s.observation[:40]
+        assert row["teacher_tokens"] > 0 and row["teacher_tool_calls"] == t.accounting.tool_calls
+        kinds[row["kind"]] += 1
+    assert set(kinds) == {"qa", "math", "code"}
+    card = (out / "README.md").read_text()
+    assert "| stage | in | kept | dropped | reasons |" in card and (out / "histograms.png").stat().st_size > 1000
+    assert len((out / "sft.jsonl").read_text().splitlines()) == len(ds)
+
+
+def test_openai_brain_without_an_endpoint_is_a_clear_error(tmp_path):
+    env = {k: v for k, v in ENV.items() if not k.startswith("AFM_TEACHER")}
+    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(_settings(tmp_path, 2)), "--out",
+                        str(tmp_path / "o"), "--brain", "openai"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "AFM_TEACHER_BASE_URL" in r.stderr
+
+
+def test_a_dead_endpoint_stops_the_run_cleanly(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    env = {**ENV, "AFM_TEACHER_BASE_URL": f"http://127.0.0.1:{port}", "AFM_TEACHER_MODEL": "teacher"}
+    out = tmp_path / "o"
+    t0 = time.monotonic()
+    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(_settings(tmp_path, 2)), "--out", str(out),
+                        "--brain", "openai"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and f"127.0.0.1:{port}" in r.stderr and "BackendError" in r.stderr, r.stderr[-2000:]
+    assert time.monotonic() - t0 < 120
+    runs = out / "runs.jsonl"
+    assert not runs.exists() or all(json.loads(line) for line in runs.read_text().splitlines())  # nothing half-written
