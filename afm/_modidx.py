@@ -442,6 +442,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                            'afm.tools.format_web_results': ('tools.html#format_web_results', 'afm/tools.py'),
                            'afm.tools.format_wiki_results': ('tools.html#format_wiki_results', 'afm/tools.py'),
                            'afm.tools.html_to_text': ('tools.html#html_to_text', 'afm/tools.py'),
+                           'afm.tools.jsonl_rows': ('tools.html#jsonl_rows', 'afm/tools.py'),
                            'afm.tools.llm_summary': ('tools.html#llm_summary', 'afm/tools.py'),
                            'afm.tools.normalize_query': ('tools.html#normalize_query', 'afm/tools.py'),
                            'afm.tools.normalize_url': ('tools.html#normalize_url', 'afm/tools.py'),
