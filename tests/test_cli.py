@@ -63,7 +63,8 @@ def test_bench_tools_prints_side_by_side_figures(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["documents"] == 10033 and res["queries"] == 20 and res["runs"] == 3
-    for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_ms", "plain_python_ms", "sandbox_exec_per_s_2_workers"):
+    for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_warm_ms", "sandbox_cold_ms", "plain_python_warm_ms",
+              "sandbox_warm_exec_per_s_2_workers", "sandbox_cold_exec_per_s_2_workers"):
         assert res[k] > 0, k
     assert abs(res["speedup_single"] - res["afm_qps_single"] / res["rank_bm25_qps"]) <= 0.01 * res["speedup_single"] + 0.1
     assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached

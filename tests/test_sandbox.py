@@ -1,15 +1,21 @@
 """Adversarial and ordinary tests of afm.tools.run_python, under bwrap and in the rlimits fallback.
 
-After every run the tests check that no process of any sandbox uid is left, so they assume
-that nothing else (e.g. bench_sandbox.py) uses the sandbox on this machine meanwhile.
+Tests taking the ``mode`` fixture run four times: under bwrap and in the rlimits fallback,
+each through the warm pool (run() fills it first and checks that the run used it) and cold
+(pool disabled).  After every run the tests check that no process of any sandbox uid is left
+but those of the idle sandboxes this process's pool holds, so they assume that nothing else
+(e.g. bench_sandbox.py) uses the sandbox on this machine meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +42,21 @@ pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX DEGRADED")
 # --- helpers -----------------------------------------------------------------------------
 
 
+def pool_held() -> tuple[set[int], set[str]]:
+    """uids and workdirs of the sandboxes this process's warm pool holds now."""
+    boxes = sandbox.pool_status()["sandboxes"]
+    return {box["uid"] for box in boxes}, {box["workdir"] for box in boxes}
+
+
 def sandbox_processes() -> list[tuple[int, int, str]]:
+    """(pid, uid, name) of every live process of a sandbox uid, except the idle ones of the warm pool."""
+    held = pool_held()[0]
+    found = all_sandbox_processes()
+    held |= pool_held()[0]  # a sandbox the pool launched during the scan
+    return [process for process in found if process[1] not in held]
+
+
+def all_sandbox_processes() -> list[tuple[int, int, str]]:
     """(pid, uid, name) of every live process owned by a sandbox uid, read from /proc."""
     found = []
     for entry in os.listdir("/proc"):
@@ -54,12 +74,14 @@ def sandbox_processes() -> list[tuple[int, int, str]]:
 
 
 def run(code: str, **kwargs) -> ExecResult:
-    """run_python, asserting that it ends in time and leaves no process behind."""
+    """run_python after filling the pool for it, asserting that it used the pool if on, ended in time, left nothing."""
+    warm = sandbox.warm_up(kwargs.get("timeout_s", 5.0), kwargs.get("memory_mb", 1024)) > 0
     start = time.monotonic()
     result = run_python(code, **kwargs)
     elapsed = time.monotonic() - start
     assert elapsed < kwargs.get("timeout_s", 5.0) + MARGIN_S, result
     assert result.wall_s <= elapsed
+    assert result.warm == warm, result
     assert sandbox_processes() == [], result
     return result
 
@@ -71,12 +93,25 @@ def run_json(code: str, **kwargs) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.fixture(params=["bwrap", "rlimits"])
+@pytest.fixture(params=itertools.product(["bwrap", "rlimits"], ["warm", "cold"]), ids="-".join)
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test taking this runs under bwrap and in the rlimits fallback."""
+    """Each test taking this runs under bwrap and in the rlimits fallback, via the warm pool and cold."""
+    isolation, start = request.param
+    if isolation == "bwrap" and not BWRAP_USABLE:
+        pytest.skip("bubblewrap is not usable here")
+    monkeypatch.setenv("AFM_SANDBOX", isolation)
+    monkeypatch.setenv("AFM_SANDBOX_POOL", str(sandbox.POOL_SIZE) if start == "warm" else "0")
+    sandbox.warm_up()
+    return isolation
+
+
+@pytest.fixture(params=["bwrap", "rlimits"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test taking this runs under bwrap and in the rlimits fallback, with the default pool."""
     if request.param == "bwrap" and not BWRAP_USABLE:
         pytest.skip("bubblewrap is not usable here")
     monkeypatch.setenv("AFM_SANDBOX", request.param)
+    monkeypatch.delenv("AFM_SANDBOX_POOL", raising=False)
     return request.param
 
 
@@ -451,11 +486,17 @@ def test_environment_inside(mode: str) -> None:
     assert set(info["env"]) <= {"PATH", "LANG", "HOME", "TMPDIR", "USER", "PWD", "LC_CTYPE"}
 
 
+def workdirs() -> set[str]:
+    """The sandbox workdirs in the temporary directory, but those of this process's pool."""
+    held = pool_held()[1]
+    found = {str(path) for path in Path(tempfile.gettempdir()).glob("afm-sbx-*")}
+    return found - held - pool_held()[1]
+
+
 def test_workdir_is_removed(mode: str) -> None:
-    pattern = "afm-sbx-*"
-    before = set(Path(tempfile.gettempdir()).glob(pattern))
+    before = workdirs()
     run("open('left.txt', 'w').write('x')")
-    assert set(Path(tempfile.gettempdir()).glob(pattern)) == before
+    assert workdirs() == before
 
 
 def test_truncation_keeps_head_and_tail(mode: str) -> None:
@@ -479,6 +520,209 @@ def test_concurrent_runs_get_their_own_uid(mode: str) -> None:
     assert [r.status for r in results] == ["ok", "ok"]
     assert results[0].stdout != results[1].stdout
     assert sandbox_processes() == []
+
+
+# --- warm pool ---------------------------------------------------------------------------
+
+STATE = """
+import inspect, json, os, resource, sys
+limits = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_CORE")
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "file": __file__, "globals": list(globals()),
+    "modules": sorted(sys.modules), "stack": len(inspect.stack()), "cwd": sorted(os.listdir(".")),
+    "cmdline": open("/proc/self/cmdline", "rb").read().decode(), "env": dict(os.environ),
+    "limits": [resource.getrlimit(getattr(resource, name)) for name in limits],
+    "init_limits": open("/proc/1/limits").read(), "stdin": [os.fstat(0).st_mode, sys.stdin.seekable()],
+}))
+"""
+
+PARITY = {
+    "stdin": ("import sys\nprint(sys.stdin.read()[::-1], end='')", "olleh\nwörld"),
+    "big-code-and-stdin": (
+        "x = 1\n" * 20_000 + "import sys\nprint(len(sys.stdin.read()), len(open(__file__).read()))",
+        "y" * 300_000,
+    ),
+    "traceback": ("def f():\n    return 1 / 0\n\nf()", ""),
+    "syntax-error": ("x = (\n", ""),
+    "exit-code": ("import sys\nprint('partial')\nsys.exit(3)", ""),
+    "exit-message": ("import sys\nsys.exit('bye')", ""),
+    "keyboard-interrupt": ("raise KeyboardInterrupt", ""),
+    "signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", ""),
+    "bom": ("\ufeffprint('bom')", ""),
+    "interpreter-state": (STATE, ""),
+}
+
+
+def comparable(result: ExecResult) -> tuple:
+    """What must be the same for a warm and a cold run (the rlimits workdir has a random name)."""
+    anonymous = functools.partial(re.sub, r"afm-sbx-[^/]+", "afm-sbx-*")
+    return result.status, anonymous(result.stdout), anonymous(result.stderr), result.exit_code, result.reason
+
+
+@pytest.mark.parametrize(("code", "stdin"), PARITY.values(), ids=PARITY.keys())
+def test_warm_run_matches_cold(isolation: str, monkeypatch: pytest.MonkeyPatch, code: str, stdin: str) -> None:
+    warm = run(code, stdin=stdin)
+    monkeypatch.setenv("AFM_SANDBOX_POOL", "0")
+    cold = run(code, stdin=stdin)
+    assert (warm.warm, cold.warm) == (True, False)
+    assert comparable(warm) == comparable(cold)
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_idle_pool_sandbox_uses_no_cpu(isolation: str) -> None:
+    assert sandbox.warm_up(timeout_s=1) == sandbox.POOL_SIZE  # RLIMIT_CPU of 2 s, fixed at launch
+    held = pool_held()[0]
+    waiting = [(pid, name) for pid, uid, name in all_sandbox_processes() if uid in held]
+    assert {name for _, name in waiting} <= {"bwrap", "python3"}
+    before = {pid: cpu_ticks(pid) for pid, _ in waiting}
+    time.sleep(0.5)
+    assert {pid: cpu_ticks(pid) for pid, _ in waiting} == before  # blocked on the FIFO: its CPU limit never runs out
+    assert {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid, _ in waiting} == {"S"}
+    assert run("print('still fine')", timeout_s=1).stdout == "still fine\n"
+
+
+def test_consecutive_runs_get_fresh_sandboxes(mode: str) -> None:
+    code = "import os\nprint(sorted(os.listdir('.')))\nopen('left-behind', 'w').write('x')"
+    for _ in range(3):
+        assert run(code).stdout == "['main.py']\n"
+
+
+def test_live_sandboxes_never_share_a_uid(mode: str) -> None:
+    results: list[ExecResult] = []
+    thread = threading.Thread(target=lambda: results.append(run_python("import time\ntime.sleep(0.4)")))
+    thread.start()
+    time.sleep(0.2)
+    held = [box["uid"] for box in sandbox.pool_status()["sandboxes"]]
+    running = {uid for _, uid, _ in sandbox_processes()}
+    thread.join()
+    assert results[0].status == "ok"
+    assert len(running) == 1 and not running & set(held)
+    assert len(set(held)) == len(held)
+
+
+def test_concurrent_runs(mode: str) -> None:
+    code = "import os, sys, time\ntime.sleep(0.02)\nprint(os.getuid(), sys.stdin.read())"
+    calls: list[tuple[float, float, str, ExecResult]] = []
+
+    def worker(n: int) -> None:
+        """Five runs, one after the other."""
+        for i in range(5):
+            start = time.monotonic()
+            result = run_python(code, stdin=f"{n}.{i}")
+            calls.append((start, time.monotonic(), f"{n}.{i}", result))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 40
+    for _, _, stdin, result in calls:
+        assert (result.status, result.stdout.split()[1]) == ("ok", stdin), result
+    uids = [int(result.stdout.split()[0]) for _, _, _, result in calls]
+    for (a, b), (uid_a, uid_b) in zip(itertools.combinations(calls, 2), itertools.combinations(uids, 2)):
+        if a[0] < b[1] and b[0] < a[1]:  # the calls overlapped
+            assert uid_a != uid_b
+    assert any(result.warm for *_, result in calls) == (os.environ["AFM_SANDBOX_POOL"] != "0")
+    assert sandbox_processes() == []
+
+
+def test_pool_disabled_by_env(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    monkeypatch.setenv("AFM_SANDBOX_POOL", "0")
+    assert run("print(1)").stdout == "1\n"  # run() checks that it ran cold
+    assert sandbox.pool_status() == {"size": 0, "sandboxes": []}
+    monkeypatch.setenv("AFM_SANDBOX_POOL", "many")
+    with pytest.raises(ValueError, match="AFM_SANDBOX_POOL"):
+        run_python("print(1)")
+
+
+@needs_bwrap
+def test_sandbox_of_another_kind_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AFM_SANDBOX_POOL", raising=False)
+    monkeypatch.setenv("AFM_SANDBOX", "bwrap")
+    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    monkeypatch.setenv("AFM_SANDBOX", "rlimits")
+    switched = run_python("import os\nprint(os.path.exists('/sandbox'))")
+    assert (switched.isolation, switched.warm, switched.stdout) == ("rlimits", False, "False\n")
+    code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU), resource.getrlimit(resource.RLIMIT_AS))"
+    assert sandbox.warm_up(timeout_s=2, memory_mb=300) == sandbox.POOL_SIZE
+    other_limits = run_python(code)
+    assert (other_limits.warm, other_limits.stdout) == (False, "(6, 7) (1073741824, 1073741824)\n")
+    result = run(code, timeout_s=2, memory_mb=300)
+    assert result.stdout == f"(3, 4) ({300 << 20}, {300 << 20})\n"
+
+
+def test_killed_pool_sandbox_is_replaced(isolation: str) -> None:
+    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    held = pool_held()[0]
+    for pid, uid, name in all_sandbox_processes():
+        if uid in held and name == "python3":
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    result = run_python("print('cold')")
+    assert (result.status, result.stdout, result.warm) == ("ok", "cold\n", False)
+    assert run("print('warm')").stdout == "warm\n"  # run() checks that the refilled pool ran it
+
+
+def test_source_in_another_encoding_runs_cold(isolation: str) -> None:
+    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    result = run_python("# -*- coding: latin-1 -*-\nprint(len('é'))")  # 2 bytes in UTF-8, read as 2 characters
+    assert (result.status, result.stdout, result.warm) == ("ok", "2\n", False)
+    assert sandbox_processes() == []
+
+
+FORKING = """
+import atexit, json, os, sys, time
+
+
+def leftovers() -> None:
+    # registered first, so it runs after the pool's atexit handler: which sandbox files are still open
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the descriptor listdir used
+            pass
+    print(json.dumps({"pid": os.getpid(), "open": [name for name in names if "afm-" in name]}), flush=True)
+
+
+atexit.register(leftovers)
+import afm.tools as sandbox
+
+assert sandbox.warm_up() == 2
+child = os.fork()
+if child == 0:  # gets a new pool of its own, and holds what it inherited for a second
+    result = sandbox.run_python("print('child')")
+    print(json.dumps({"child": [result.stdout, result.warm]}), flush=True)
+    time.sleep(1)
+    sys.exit(0)
+start = time.monotonic()
+result = sandbox.run_python("print('parent')")
+print(json.dumps({"parent": [result.stdout, result.warm, result.status, time.monotonic() - start]}), flush=True)
+os.waitpid(child, 0)
+"""
+
+
+def test_fork_and_exit(isolation: str) -> None:
+    sandbox.warm_up()
+    before = workdirs()
+    script = FORKING
+    env = {**os.environ, "AFM_SANDBOX_POOL": "2"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    parent = next(line["parent"] for line in lines if "parent" in line)
+    assert parent[:3] == ["parent\n", True, "ok"] and parent[3] < 1  # the child kept none of its FIFOs open
+    assert next(line["child"] for line in lines if "child" in line) == ["child\n", False]
+    assert [line["open"] for line in lines if "open" in line] == [[], []]  # child and parent, after atexit
+    assert sandbox_processes() == []
+    assert workdirs() == before
 
 
 # --- observation -------------------------------------------------------------------------
