@@ -69,6 +69,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'afm.distill.redundant_inputs': ('distill.html#redundant_inputs', 'afm/distill.py'),
                              'afm.distill.save_dataset': ('distill.html#save_dataset', 'afm/distill.py'),
                              'afm.distill.system_prompt': ('distill.html#system_prompt', 'afm/distill.py'),
+                             'afm.distill.teacher_identity': ('distill.html#teacher_identity', 'afm/distill.py'),
                              'afm.distill.to_dataset': ('distill.html#to_dataset', 'afm/distill.py'),
                              'afm.distill.write_card': ('distill.html#write_card', 'afm/distill.py')},
             'afm.mas': { 'afm.mas.Activation': ('mas.html#activation', 'afm/mas.py'),
