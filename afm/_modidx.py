@@ -141,7 +141,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.mas.completion_body': ('mas.html#completion_body', 'afm/mas.py'),
                          'afm.mas.count_tokens': ('mas.html#count_tokens', 'afm/mas.py'),
                          'afm.mas.cut_at_stop': ('mas.html#cut_at_stop', 'afm/mas.py'),
-                         'afm.mas.estimate_tokens': ('mas.html#estimate_tokens', 'afm/mas.py'),
                          'afm.mas.gsm_program': ('mas.html#gsm_program', 'afm/mas.py'),
                          'afm.mas.parse_decision': ('mas.html#parse_decision', 'afm/mas.py'),
                          'afm.mas.parse_output': ('mas.html#parse_output', 'afm/mas.py'),
