@@ -56,12 +56,12 @@ def test_run_outside_a_repository_is_a_clear_error(tmp_path):
     assert r.returncode == 1 and "no afm repository" in r.stderr
 
 
-def test_bench_tools_prints_side_by_side_figures(tmp_path):
-    env_cache = {"AFM_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([AFM, "bench", "tools", "--queries", "20", "--runs", "3", "--json"], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", **env_cache})
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+def test_bench_search_and_sandbox_print_side_by_side_figures(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AFM_CACHE": str(tmp_path / "cache")}
+    run = lambda *a: subprocess.run([AFM, "bench", *a, "--json"], capture_output=True, text=True, timeout=600, env=env)
+    r, q = run("search", "--queries", "20"), run("sandbox", "--runs", "3")
+    assert r.returncode == 0 and q.returncode == 0, (r.stderr[-2000:], q.stderr[-2000:])
+    res = json.loads(r.stdout.strip().splitlines()[-1]) | json.loads(q.stdout.strip().splitlines()[-1])
     assert res["documents"] == 10033 and res["queries"] == 20 and res["runs"] == 3
     for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_warm_ms", "sandbox_cold_ms", "plain_python_warm_ms",
               "sandbox_warm_exec_per_s_2_workers", "sandbox_cold_exec_per_s_2_workers"):

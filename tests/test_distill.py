@@ -12,7 +12,8 @@ import datasets
 
 from afm.coa import Trajectory, check, counts
 from afm.distill import DISTILL_SUITES, read_runs
-from afm.tasks import grade, load_benchmark
+from afm.grading import grade
+from afm.tasks import load_benchmark
 from afm.tools import TOOLS
 
 AFM = str(Path(sys.executable).with_name("afm"))

@@ -1,5 +1,5 @@
 """The LLM backends over real HTTP on 127.0.0.1: the tiny transformers model served by `serve_chat` and called through
-`OpenAIBackend`, and scripted servers that are slow, fail, send garbage, reject or are not there at all."""
+`LLMClient`, and scripted servers that are slow, fail, send garbage, reject or are not there at all."""
 import asyncio
 import os
 import socket
@@ -13,8 +13,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from afm.tools import ChatEndpoint, serve_in_thread
-from afm.mas import BackendError, OpenAIBackend, TransformersBackend, serve_chat, tiny_chat_model
+from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
+from afm.mas import TransformersBackend, serve_chat, tiny_chat_model
 
 CHAT = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Who founded the company?"}]
 FAST = dict(retries=2, backoff_s=0.01)  # retry policy for tests: three attempts, no real waiting
@@ -78,7 +78,7 @@ def scripted():
 
 def test_real_completion_counts_tokens_exactly(tiny):
     local, url = tiny
-    backend = OpenAIBackend([ChatEndpoint(url, "tiny")])
+    backend = LLMClient([Endpoint(url, "tiny")])
     c = backend.complete(CHAT, max_tokens=16, temperature=0)
     direct = local.complete(CHAT, max_tokens=16, temperature=0)
     counted = local.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -94,7 +94,7 @@ def test_real_completion_counts_tokens_exactly(tiny):
 
 def test_stop_strings(tiny):
     local, url = tiny
-    backend = OpenAIBackend([ChatEndpoint(url, "tiny")])
+    backend = LLMClient([Endpoint(url, "tiny")])
     full = backend.complete(CHAT, max_tokens=24, temperature=0)
     text = full.text
     pairs = (text[i:i + 2] for i in range(len(text) // 2, len(text) - 1))
@@ -109,7 +109,7 @@ def test_stop_strings(tiny):
 
 def test_bounded_concurrency(scripted):
     server = scripted("ok", delay_s=0.2)
-    backend = OpenAIBackend([ChatEndpoint(server.url, "m")], max_concurrency=3)
+    backend = LLMClient([Endpoint(server.url, "m")], max_concurrency=3)
     with ThreadPoolExecutor(16) as ex: out = list(ex.map(lambda _: backend.complete(CHAT), range(16)))
     assert [c.text for c in out] == ["echo 2"] * 16 and server.calls == 16
     assert server.max_in_flight == 3  # the bound holds, and is reached
@@ -118,7 +118,7 @@ def test_bounded_concurrency(scripted):
 
 def test_endpoints_share_the_load(scripted):
     a, b = scripted("ok", delay_s=0.05), scripted("ok", delay_s=0.05)
-    backend = OpenAIBackend([ChatEndpoint(a.url, "m"), ChatEndpoint(b.url, "m")], max_concurrency=4)
+    backend = LLMClient([Endpoint(a.url, "m"), Endpoint(b.url, "m")], max_concurrency=4)
     for _ in range(4): backend.complete(CHAT)  # one at a time: the endpoints take turns
     assert (a.calls, b.calls) == (2, 2)
     with ThreadPoolExecutor(8) as ex: list(ex.map(lambda _: backend.complete(CHAT), range(12)))
@@ -128,7 +128,7 @@ def test_endpoints_share_the_load(scripted):
 
 def test_timeout_is_retried(scripted):
     server = scripted("slow", "ok")
-    backend = OpenAIBackend([ChatEndpoint(server.url, "m", timeout_s=0.3)], **FAST)
+    backend = LLMClient([Endpoint(server.url, "m", timeout_s=0.3)], **FAST)
     t0 = time.perf_counter()
     c = backend.complete(CHAT)
     assert c.text == "echo 2" and server.calls == 2 and time.perf_counter() - t0 < 1.5
@@ -137,7 +137,7 @@ def test_timeout_is_retried(scripted):
 @pytest.mark.parametrize("status", ["500", "503", "429"])
 def test_server_errors_are_retried(scripted, status):
     server = scripted(status, status, "ok")
-    c = OpenAIBackend([ChatEndpoint(server.url, "m")], **FAST).complete(CHAT)
+    c = LLMClient([Endpoint(server.url, "m")], **FAST).complete(CHAT)
     assert (c.text, c.prompt_tokens, c.completion_tokens, server.calls) == ("echo 2", 11, 2, 3)
 
 
@@ -145,11 +145,11 @@ def test_server_errors_are_retried(scripted, status):
                                           ("nochoices", "not a chat completion (KeyError: 'choices'")])
 def test_garbage_is_retried_then_fails_clearly(scripted, action, says):
     server = scripted(action)
-    with pytest.raises(BackendError) as e: OpenAIBackend([ChatEndpoint(server.url, "m")], **FAST).complete(CHAT)
+    with pytest.raises(BackendError) as e: LLMClient([Endpoint(server.url, "m")], **FAST).complete(CHAT)
     assert server.calls == 3 and "no completion after 3 attempts" in str(e.value)
     assert f"{server.url}: ValueError: {server.url}/v1/chat/completions: {says}" in str(e.value)
     fixed = scripted(action, "ok")  # and a single bad answer is just retried
-    assert OpenAIBackend([ChatEndpoint(fixed.url, "m")], **FAST).complete(CHAT).text == "echo 2"
+    assert LLMClient([Endpoint(fixed.url, "m")], **FAST).complete(CHAT).text == "echo 2"
 
 
 def test_endpoint_down_fails_clearly_in_bounded_time():
@@ -158,7 +158,7 @@ def test_endpoint_down_fails_clearly_in_bounded_time():
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     t0 = time.perf_counter()
     with pytest.raises(BackendError) as e:
-        OpenAIBackend([ChatEndpoint(url, "m", timeout_s=2)], retries=2, backoff_s=0.1).complete(CHAT)
+        LLMClient([Endpoint(url, "m", timeout_s=2)], retries=2, backoff_s=0.1).complete(CHAT)
     assert time.perf_counter() - t0 < 2.0
     assert str(e.value).startswith("openai:m: no completion after 3 attempts") and f"{url}: ConnectError" in str(e.value)
 
@@ -166,12 +166,12 @@ def test_endpoint_down_fails_clearly_in_bounded_time():
 def test_client_errors_are_not_retried(scripted, tiny):
     for status in ("400", "401", "404"):
         server = scripted(status, "ok")
-        with pytest.raises(BackendError) as e: OpenAIBackend([ChatEndpoint(server.url, "m")], **FAST).complete(CHAT)
+        with pytest.raises(BackendError) as e: LLMClient([Endpoint(server.url, "m")], **FAST).complete(CHAT)
         assert server.calls == 1
         assert str(e.value) == f"{server.url} rejected the request (not retried): HTTP {status}: scripted {status}"
     _, url = tiny  # a real rejection: the request does not fit the tiny model's context
     with pytest.raises(BackendError, match=r"HTTP 400: transformers:tiny-qwen2: a prompt of \d+ tokens plus max_tokens=4000"):
-        OpenAIBackend([ChatEndpoint(url, "tiny")], **FAST).complete(CHAT, max_tokens=4000)
+        LLMClient([Endpoint(url, "tiny")], **FAST).complete(CHAT, max_tokens=4000)
 
 
 def test_failover_to_a_live_endpoint(scripted):
@@ -179,7 +179,7 @@ def test_failover_to_a_live_endpoint(scripted):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    backend = OpenAIBackend([ChatEndpoint(dead, "m"), ChatEndpoint(live.url, "m")], retries=1, backoff_s=1.0)
+    backend = LLMClient([Endpoint(dead, "m"), Endpoint(live.url, "m")], retries=1, backoff_s=1.0)
     t0 = time.perf_counter()
     assert [backend.complete(CHAT).text for _ in range(5)] == ["echo 2"] * 5
     assert time.perf_counter() - t0 < 1.0  # moving to another endpoint does not wait
@@ -188,21 +188,21 @@ def test_failover_to_a_live_endpoint(scripted):
 
 def test_missing_usage_is_estimated_and_says_so(scripted):
     server = scripted("nousage")
-    c = OpenAIBackend([ChatEndpoint(server.url, "m")]).complete(CHAT)
+    c = LLMClient([Endpoint(server.url, "m")]).complete(CHAT)
     assert c.backend.endswith("(usage estimated)") and c.prompt_tokens > 8 and c.completion_tokens == 2  # "echo 2": 6 bytes
 
 
 def test_from_env(monkeypatch, scripted):
     monkeypatch.delenv("AFM_TEACHER_BASE_URL", raising=False)
-    assert OpenAIBackend.from_env() is None
+    assert LLMClient.from_env("AFM_TEACHER") is None
     a, b = scripted("ok"), scripted("ok")
     monkeypatch.setenv("AFM_TEACHER_BASE_URL", f"{a.url}/v1, {b.url}")
     monkeypatch.setenv("AFM_TEACHER_MODEL", "qwen")
-    backend = OpenAIBackend.from_env()
+    backend = LLMClient.from_env("AFM_TEACHER")
     assert backend.name == "openai:qwen" and [backend.complete(CHAT).text for _ in range(2)] == ["echo 2"] * 2
     assert (a.calls, b.calls) == (1, 1)
     monkeypatch.setenv("AFM_TEACHER_BASE_URL", "localhost:8000")
-    with pytest.raises(ValueError, match="AFM_TEACHER_BASE_URL: 'localhost:8000' is not an http"): OpenAIBackend.from_env()
+    with pytest.raises(ValueError, match="AFM_TEACHER_BASE_URL: 'localhost:8000' is not an http"): LLMClient.from_env("AFM_TEACHER")
 
 
 def test_server_validates_requests(tiny):

@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 import nbdev_sync
-from afm.reproduce import load_profiles
+from afm.core import load_profiles
 
 REPO = Path(__file__).resolve().parents[1]
 

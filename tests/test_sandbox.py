@@ -1,4 +1,4 @@
-"""Adversarial and ordinary tests of afm.tools.run_python, under bwrap and in the rlimits fallback.
+"""Adversarial and ordinary tests of afm.sandbox.run_python, under bwrap and in the rlimits fallback.
 
 Tests taking the ``mode`` fixture run four times: under bwrap and in the rlimits fallback,
 each through the warm pool (run() fills it first and checks that the run used it) and cold
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-import afm.tools as sandbox
-from afm.tools import ExecResult, code_blocks, run_python
+import afm.sandbox as sandbox
+from afm.sandbox import ExecResult, code_blocks, run_python
 
 MARGIN_S = 3.0  # a run must end within its timeout plus this
 HOST_FILE = Path(__file__).resolve().parents[1] / "README.md"  # the repository, which the sandbox must not see
@@ -693,7 +693,7 @@ def leftovers() -> None:
 
 
 atexit.register(leftovers)
-import afm.tools as sandbox
+import afm.sandbox as sandbox
 
 assert sandbox.warm_up() == 2
 child = os.fork()

@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from afm.tasks import (GENERATED_SUITES, SPLITS, WORLD_SUITES, default_world, gold_answer, grade, load_benchmark, make_suites,
-                       verify_gold_path, world_documents)
-from afm.tools import SearchIndex, wiki_documents
+from afm.grading import grade
+from afm.search import SearchIndex, wiki_documents
+from afm.tasks import SPLITS, load_benchmark
+from afm.world import GENERATED_SUITES, WORLD_SUITES, default_world, gold_answer, make_suites, verify_gold_path, world_documents
 
 SIZES = {"sft": 200, "rl": 500, "val": 50, "test": 100}
 

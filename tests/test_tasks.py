@@ -15,8 +15,8 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from afm import tasks
-from afm.tools import ChatEndpoint, ToolError
+from afm import benchmarks, grading, tasks, world
+from afm.llm import BackendError, Endpoint, LLMClient
 
 HERE = Path(__file__).resolve().parent
 PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
@@ -26,7 +26,7 @@ PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
 
 
 def test_every_humaneval_gold_passes_and_every_stub_fails():
-    report = tasks.validate_code_grader(tasks.load_benchmark("humaneval"), workers=2, progress=False)
+    report = grading.validate_code_grader(tasks.load_benchmark("humaneval"), workers=2, progress=False)
     print(f"\nHumanEval: {report['gold_passed']}/164 gold solutions pass, {report['stub_failed']}/164 `pass` stubs fail, "
           f"{report['seconds']} s; failures: {report['failures']}")
     assert report["problems"] == 164 and report["failures"] == []
@@ -36,7 +36,7 @@ def test_every_humaneval_gold_passes_and_every_stub_fails():
 def test_every_mmath_gold_answer_grades_itself_its_forms_and_not_a_wrong_number():
     suites = {n: tasks.load_benchmark(n) for n in ("math500", "aime24", "aime25", "cnmo")}
     assert {n: len(ts) for n, ts in suites.items()} == {"math500": 311, "aime24": 30, "aime25": 15, "cnmo": 18}
-    report = tasks.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
+    report = grading.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
     print(f"\nMMATH: {report['answers']} gold answers, {report['with_numeric_form']} with a numeric surface form, "
           f"{report['seconds']} s; (passed, checked) per form: {report['forms']}; failures: {report['failures']}")
     assert report["answers"] == 374 and report["failures"] == []
@@ -61,21 +61,21 @@ def _hostile_suite() -> list:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.sampled_from(TRICKY), st.text(max_size=200)))
 def test_grade_is_total_and_bounded(prediction):
-    verifier = tasks.math_verifier()
+    verifier = grading.math_verifier()
     with mock.patch.dict(os.environ), mock.patch.object(verifier, "timeout_s", 2.0):
         os.environ.pop("AFM_JUDGE_BASE_URL", None)
         for task in _hostile_suite():
-            score = tasks.grade(task, prediction)
+            score = grading.grade(task, prediction)
             assert 0.0 <= score <= 1.0, (task.id, prediction[:50], score)
 
 
 def test_grade_is_total_from_many_threads():
     suite = _hostile_suite()
     jobs = [(t, p) for t in suite for p in TRICKY[:12]]
-    with mock.patch.object(tasks.math_verifier(), "timeout_s", 2.0), ThreadPoolExecutor(4) as pool:
-        scores = list(pool.map(lambda j: tasks.grade(*j), jobs))
+    with mock.patch.object(grading.math_verifier(), "timeout_s", 2.0), ThreadPoolExecutor(4) as pool:
+        scores = list(pool.map(lambda j: grading.grade(*j), jobs))
     assert all(0.0 <= s <= 1.0 for s in scores)
-    assert tasks.grade(suite[2], "\\boxed{0.5}") == 1.0 and tasks.grade(suite[4], "print(input())") == 1.0
+    assert grading.grade(suite[2], "\\boxed{0.5}") == 1.0 and grading.grade(suite[4], "print(input())") == 1.0
 
 
 # ------------------------------------------------------------------------------------------------------- hub loaders
@@ -87,10 +87,10 @@ def _folder(name: str) -> str:
 
 def test_hub_loaders_fail_at_once_offline(tmp_path):
     "In a fresh process with HF_HUB_OFFLINE=1 (read by huggingface_hub at import) and no data, every hub loader fails fast."
-    names = sorted(set(tasks.BENCHMARKS) - set(PACKAGED) - set(tasks.GENERATED_SUITES))
+    names = sorted(set(tasks.benchmarks()) - set(PACKAGED) - set(world.GENERATED_SUITES))
     script = f"""
 import json, time
-from afm import tasks
+from afm import benchmarks, grading, tasks, world
 out = []
 for name in {names!r}:
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ print(json.dumps(out))
     print(f"\n{len(results)} hub loaders failed offline in {time.perf_counter() - start:.1f} s (process included)")
     assert len(results) == len(names) == 22
     for name, kind, message, seconds in results:
-        source = tasks.PAPER_SOURCES[_folder(name)]
+        source = benchmarks.PAPER_SOURCES[_folder(name)]
         assert kind == "FileNotFoundError", (name, kind, message)
         assert seconds < 2, (name, seconds)
         assert str(tmp_path / _folder(name)) in message and "path=" in message, message
@@ -196,7 +196,7 @@ class JudgeServer:
             n = self.by_question[question]
         if "[http500-always]" in question or ("[http500-once]" in question and n == 1): return 500, {"error": {"message": "overloaded"}}
         if "[garbled-always]" in question or ("[garbled-once]" in question and n == 1): return 200, "Hmm, let me think about that."
-        same = tasks.normalize_answer(fields["Gold answer"]) == tasks.normalize_answer(fields["Predicted answer"])
+        same = grading.normalize_answer(fields["Gold answer"]) == grading.normalize_answer(fields["Predicted answer"])
         verdict = json.dumps({"rationale": "same answer" if same else "different answer", "judgement": "correct" if same else "incorrect"})
         return 200, f"```json\n{verdict}\n```" if "[fenced]" in question else verdict
 
@@ -211,17 +211,17 @@ def server():
     s.close()
 
 
-def _endpoint(server) -> ChatEndpoint: return ChatEndpoint(server.base_url, "judge-em", api_key="sk-test", timeout_s=5, retries=2)
+def _endpoint(server) -> LLMClient: return LLMClient(Endpoint(server.base_url, "judge-em", api_key="sk-test", timeout_s=5), retries=2, backoff_s=0.05)
 
 
 def _web(question: str, answer: str = "Paris") -> "tasks.Task": return tasks.Task(f"web/{abs(hash(question))}", question, [answer], "web", "test")
 
 
 def test_judge_speaks_the_openai_protocol(server):
-    judge = tasks.LLMJudge(_endpoint(server))
-    assert tasks.grade(_web("Capital of France? [protocol]"), "<answer>the Paris</answer>", judge=judge) == 1.0
-    assert tasks.grade(_web("Capital of France? [protocol]"), "Lyon", judge=judge) == 0.0
-    assert tasks.grade(_web("Capital of France? [fenced]"), "Paris.", judge=judge) == 1.0
+    judge = grading.LLMJudge(_endpoint(server))
+    assert grading.grade(_web("Capital of France? [protocol]"), "<answer>the Paris</answer>", judge=judge) == 1.0
+    assert grading.grade(_web("Capital of France? [protocol]"), "Lyon", judge=judge) == 0.0
+    assert grading.grade(_web("Capital of France? [fenced]"), "Paris.", judge=judge) == 1.0
     req = server.log[-1]
     assert req["path"] == "/v1/chat/completions" and req["headers"]["Authorization"] == "Bearer sk-test"
     assert req["body"]["model"] == "judge-em" and req["body"]["temperature"] == 0.0 and req["body"]["max_tokens"] == 512
@@ -231,61 +231,61 @@ def test_judge_speaks_the_openai_protocol(server):
 def test_grade_uses_the_configured_judge(server, monkeypatch):
     monkeypatch.setenv("AFM_JUDGE_BASE_URL", server.base_url + "/v1")
     monkeypatch.setenv("AFM_JUDGE_MODEL", "judge-em")
-    monkeypatch.setattr(tasks, "_JUDGES", {})
+    monkeypatch.setattr(grading, "_JUDGES", {})
     before = server.count("[configured]")
-    assert tasks.grade(_web("Capital of France? [configured]"), "PARIS!") == 1.0
+    assert grading.grade(_web("Capital of France? [configured]"), "PARIS!") == 1.0
     assert server.count("[configured]") == before + 1
     monkeypatch.delenv("AFM_JUDGE_BASE_URL")
-    assert tasks.grade(_web("Capital of France? [configured]"), "Paris, France") == 0.0     # exact match, no request
+    assert grading.grade(_web("Capital of France? [configured]"), "Paris, France") == 0.0     # exact match, no request
     assert server.count("[configured]") == before + 1
 
 
 def test_an_unparsable_reply_is_asked_again(server):
-    judge = tasks.LLMJudge(_endpoint(server))
+    judge = grading.LLMJudge(_endpoint(server))
     assert judge.grade(_web("Capital of France? [garbled-once]"), "paris") == 1.0
     assert server.count("[garbled-once]") == 2 and judge.requests == 2
     retry = server.log[-1]["body"]["messages"]
     assert [m["role"] for m in retry] == ["system", "user", "assistant", "user"] and retry[2]["content"].startswith("Hmm")
-    assert retry[3]["content"] == tasks.JUDGE_RETRY
+    assert retry[3]["content"] == grading.JUDGE_RETRY
 
 
 def test_http_500_is_retried_by_the_endpoint(server):
-    judge = tasks.LLMJudge(_endpoint(server))
+    judge = grading.LLMJudge(_endpoint(server))
     assert judge.grade(_web("Capital of France? [http500-once]"), "Paris") == 1.0
     assert server.count("[http500-once]") == 2 and judge.requests == 1
 
 
 def test_judgements_are_cached_in_memory_and_sqlite(server, tmp_path):
     db = tmp_path / "judge.sqlite"
-    judge = tasks.LLMJudge(_endpoint(server), cache_path=db)
+    judge = grading.LLMJudge(_endpoint(server), cache_path=db)
     task = _web("Capital of France? [cache]")
     assert judge.grade(task, "Paris") == 1.0 and server.count("[cache]") == 1
     assert judge.grade(task, "Paris") == 1.0 and server.count("[cache]") == 1          # memory: no request
     judge.close()
-    again = tasks.LLMJudge(_endpoint(server), cache_path=db)
+    again = grading.LLMJudge(_endpoint(server), cache_path=db)
     assert again.grade(task, "Paris") == 1.0 and server.count("[cache]") == 1 and again.requests == 0   # sqlite: no request
     assert again.grade(task, "Lyon") == 0.0 and server.count("[cache]") == 2            # another prediction: asked
-    other_model = tasks.LLMJudge(ChatEndpoint(server.base_url, "another-judge", timeout_s=5), cache_path=db)
+    other_model = grading.LLMJudge(LLMClient(Endpoint(server.base_url, "another-judge", timeout_s=5)), cache_path=db)
     assert other_model.grade(task, "Paris") == 1.0 and server.count("[cache]") == 3     # keys include the judge model
     again.close(); other_model.close()
 
 
 def test_no_verdict_raises_judge_error(server):
-    judge = tasks.LLMJudge(_endpoint(server), attempts=3)
-    with pytest.raises(tasks.JudgeError, match="no verdict in 3 replies"):
+    judge = grading.LLMJudge(_endpoint(server), attempts=3)
+    with pytest.raises(grading.JudgeError, match="no verdict in 3 replies"):
         judge.grade(_web("Capital of France? [garbled-always]"), "Paris")
     assert server.count("[garbled-always]") == 3
 
 
 def test_an_endpoint_that_stays_down_raises_tool_error(server):
-    judge = tasks.LLMJudge(_endpoint(server))
-    with pytest.raises(ToolError, match="HTTP 500"):
+    judge = grading.LLMJudge(_endpoint(server))
+    with pytest.raises(BackendError, match="HTTP 500"):
         judge.grade(_web("Capital of France? [http500-always]"), "Paris")
-    assert server.count("[http500-always]") == 3                                      # ChatEndpoint: 1 + 2 retries
+    assert server.count("[http500-always]") == 3                                      # LLMClient: 1 + 2 retries
 
 
 def test_judge_is_thread_safe(server):
-    judge = tasks.LLMJudge(_endpoint(server))
+    judge = grading.LLMJudge(_endpoint(server))
     preds = [f"Paris {i}" for i in range(8)] + ["Paris"] * 8
     with ThreadPoolExecutor(4) as pool:
         scores = list(pool.map(lambda p: judge.grade(_web("Capital of France? [threads]"), p), preds))

@@ -1,4 +1,4 @@
-"""The tools that speak HTTP, against real servers on localhost: the retrieval server (as `afm serve tools`, a process of its
+"""The tools that speak HTTP, against real servers on localhost: the retrieval server (as `afm serve search`, a process of its
 own), page fetching, Serper's protocol and an OpenAI-compatible summariser."""
 import json
 import os
@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from afm.tools import (ChatEndpoint, Document, RetrievalClient, SearchIndex, SerperSearch, ToolError, ToolTimeout, Toolbox,
-                       extractive_summary, fetch_page, llm_summary, wiki_documents)
+from afm.crawl import CrawlConfig, extractive_summary, fetch_page, llm_summary
+from afm.llm import Endpoint, LLMClient
+from afm.search import Document, RetrievalClient, SearchConfig, SearchIndex, SerperSearch, wiki_documents
+from afm.tools import ToolError, ToolTimeout, Toolbox
 
 AFM = str(Path(sys.executable).with_name("afm"))
 
@@ -89,7 +91,7 @@ def site():
 
 def test_retrieval_server_as_a_process(small_index):
     port = _free_port()
-    proc = subprocess.Popen([AFM, "serve", "tools", "--index", str(small_index), "--port", str(port)],
+    proc = subprocess.Popen([AFM, "serve", "search", "--index", str(small_index), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -104,7 +106,7 @@ def test_retrieval_server_as_a_process(small_index):
         assert remote[0][0].doc.title == "Varo Keltan" and "Osmira" in remote[0][0].doc.text
         r = httpx.post(f"{url}/retrieve", json={"queries": ["x"], "topk": 0})
         assert r.status_code == 422 and "topk" in r.text
-        box = Toolbox(index=SearchIndex.load(small_index), retriever=client)
+        box = Toolbox([SearchConfig(index=SearchIndex.load(small_index), retriever=client)])
         obs = box.session().call("wiki_search", "Varo Keltan").observation
         assert obs.startswith("Doc 1(Title: Varo Keltan)")
     finally:
@@ -129,7 +131,7 @@ def test_fetch_page_html_and_failures(site):
 
 
 def test_crawl_page_online_mixes_pages_and_errors(site, small_index):
-    box = Toolbox(index=SearchIndex.load(small_index), online=True, fetch_timeout_s=0.5)
+    box = Toolbox([SearchConfig(index=SearchIndex.load(small_index)), CrawlConfig(fetch_timeout_s=0.5)], online=True)
     s = box.session("When did the Keltan bridge open?")
     r = s.call("crawl_page", f"{site}/page.html | [pdf]({site}/doc.pdf) | {site}/slow")
     assert r.status == "ok"
@@ -139,7 +141,7 @@ def test_crawl_page_online_mixes_pages_and_errors(site, small_index):
     assert lines[2].startswith(f"Page 3 [{site}/slow] Error: timed out")
     r = s.call("crawl_page", f"{site}/slow")
     assert r.status == "timeout" and r.observation.startswith("[FAILED] Page 1")
-    offline = Toolbox(index=SearchIndex.load(small_index)).session().call("crawl_page", f"{site}/page.html")
+    offline = Toolbox([SearchConfig(index=SearchIndex.load(small_index))]).session().call("crawl_page", f"{site}/page.html")
     assert offline.status == "tool_error" and "not in the local document store (offline)" in offline.observation
 
 
@@ -148,7 +150,7 @@ def test_serper_protocol(site):
     serper = SerperSearch(api_key="k-123", endpoint=f"{site}/search")
     hits = serper.search("varo keltan", k=3)
     assert [h.doc.title for h in hits] == [f"Result {i} for varo keltan" for i in (1, 2, 3)] and _Site.seen_keys == ["k-123"]
-    box = Toolbox(online=True, serper=serper, index=SearchIndex.build([Document("u", "t", "x")]))
+    box = Toolbox([SearchConfig(serper=serper, index=SearchIndex.build([Document("u", "t", "x")]))], online=True)
     obs = box.session().call("web_search", "varo keltan").observation
     assert "1. [Result 1 for varo keltan](https://r1.example/)\nDate: 2024-01-02\nSnippet: snippet 1" in obs
     r = box.session().call("web_search", "explode")
@@ -158,22 +160,22 @@ def test_serper_protocol(site):
 
 
 def test_llm_summary_with_retries_and_timeouts(site, small_index):
-    ep = ChatEndpoint(site, "tiny", retries=2, timeout_s=1.0)
+    ep = LLMClient(Endpoint(site, "tiny", timeout_s=1.0), retries=2, backoff_s=0.05)
     page = "Osmira is a harbour town. The Keltan bridge in Osmira opened in 1962. It is 300 m long."
     assert "1962" in llm_summary(ep, page, "When did the Keltan bridge open?")
     _Site.chat_failures = 2  # two 500s, then an answer: retried
     assert "1962" in llm_summary(ep, page, "When did the Keltan bridge open?")
     _Site.chat_failures = 5  # more 500s than retries: a clear error after the retries
-    with pytest.raises(ToolError, match="no completion after 3 attempts \\(HTTP 500\\)"): llm_summary(ep, page, "bridge")
+    with pytest.raises(ToolError, match="no completion after 3 attempts.*HTTP 500"): llm_summary(ep, page, "bridge")
     _Site.chat_failures = 0
-    with pytest.raises(ToolError, match="timed out"): llm_summary(ChatEndpoint(site, "tiny", retries=0, timeout_s=0.5), "SLOW", "x")
-    box = Toolbox(index=SearchIndex.load(small_index), online=True, summarizer=ep)
+    with pytest.raises(ToolError, match="timed out"): llm_summary(LLMClient(Endpoint(site, "tiny", timeout_s=0.5), retries=0), "SLOW", "x")
+    box = Toolbox([SearchConfig(index=SearchIndex.load(small_index)), CrawlConfig(summarizer=ep)], online=True)
     obs = box.session("When did the Keltan bridge open?").call("crawl_page", f"{site}/page.html").observation
     assert obs.startswith(f"Page 1 [{site}/page.html] Summary:") and "1962" in obs
 
 
-def test_chat_endpoint_from_env(monkeypatch):
+def test_summariser_client_from_env(monkeypatch):
     monkeypatch.delenv("AFM_LLM_BASE_URL", raising=False)
-    assert ChatEndpoint.from_env() is None
+    assert LLMClient.from_env("AFM_LLM") is None
     monkeypatch.setenv("AFM_LLM_BASE_URL", "http://127.0.0.1:9/v1"); monkeypatch.setenv("AFM_LLM_MODEL", "m")
-    assert ChatEndpoint.from_env() == ChatEndpoint("http://127.0.0.1:9/v1", "m", "")
+    assert LLMClient.from_env("AFM_LLM")._slots[0].endpoint == Endpoint("http://127.0.0.1:9/v1", "m", "")
