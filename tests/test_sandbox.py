@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import afm.pool  # noqa: F401  (the warm pool: runs are served by pre-started sandboxes)
 import afm.sandbox as sandbox
 from afm.sandbox import ExecResult, code_blocks, run_python
 
@@ -693,6 +694,7 @@ def leftovers() -> None:
 
 
 atexit.register(leftovers)
+import afm.pool
 import afm.sandbox as sandbox
 
 assert sandbox.warm_up() == 2
