@@ -142,7 +142,7 @@ def test_crawl_page_online_mixes_pages_and_errors(site, small_index):
     r = s.call("crawl_page", f"{site}/slow")
     assert r.status == "timeout" and r.observation.startswith("[FAILED] Page 1")
     offline = Toolbox([SearchConfig(index=SearchIndex.load(small_index))]).session().call("crawl_page", f"{site}/page.html")
-    assert offline.status == "tool_error" and "not in the local document store (offline)" in offline.observation
+    assert offline.status == "bad_input" and "not in the local document store (offline)" in offline.observation  # the model's URL
 
 
 def test_serper_protocol(site):

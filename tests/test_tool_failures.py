@@ -1,0 +1,102 @@
+"""What a model writes can only fail its own step: any input becomes an observation, made-up URLs never trip the circuit
+breaker, the breaker recovers when the tool does, and the record cache never keeps a failure as an answer."""
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from afm.crawl import CrawlConfig
+from afm.search import Document, SearchConfig, SearchIndex
+from afm.tools import STATUSES, ReplayMiss, ToolBroken, ToolCache, ToolHealth, Toolbox
+
+PAGE = Document("https://world.example/wiki/Osmira", "Osmira", "Osmira is a harbour town. Its bridge opened in 1962.", "world")
+
+
+@pytest.fixture(scope="module")
+def index():
+    return SearchIndex.build([PAGE, Document("https://world.example/wiki/Keltan", "Keltan", "Keltan is a river.", "world")])
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """A real web server whose pages fail with 500 while `down` is set, and answer otherwise."""
+    down = True
+
+    def log_message(self, *args): pass
+
+    def do_GET(self):
+        status, body = (500, b"overloaded") if _Flaky.down else (200, b"<html><title>T</title><p>The bridge opened in 1962.</p></html>")
+        self.send_response(status); self.send_header("Content-Type", "text/html"); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+
+
+@pytest.fixture
+def flaky():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Flaky.down = True
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("tool", ["web_search", "wiki_search", "crawl_page", "code"])
+@pytest.mark.parametrize("text", [None, b"bytes", 42, ["a"], "", "   ", "http://[oops", "\x00\udcff", "x" * 200_000, "ftp://host/file"])
+def test_any_input_becomes_an_observation(index, tool, text):
+    r = Toolbox([SearchConfig(index=index)]).session("q").call(tool, text)
+    assert r.status in STATUSES and isinstance(r.observation, str) and r.observation
+    if not isinstance(text, str): assert r.status == "bad_input" and "must be text" in r.observation
+
+
+def test_made_up_urls_are_the_models_fault_and_never_trip_the_breaker(index):
+    box = Toolbox([SearchConfig(index=index)], health=ToolHealth(window=10, max_failure_rate=0.5, min_calls=5))
+    for i in range(30):
+        for url in (f"https://world.example/wiki/Nowhere_{i}", f"ftp://world.example/{i}", f"http://[oops{i}"):
+            r = box.session("q").call("crawl_page", url)
+            assert r.status == "bad_input", (url, r)
+    assert box.session("q").call("crawl_page", PAGE.url).status == "ok"
+    assert box.health.table()["crawl_page"]["tool_error"] == 0
+
+
+def test_the_breaker_trips_on_a_failing_tool_and_recovers_when_it_does(index, flaky):
+    health = ToolHealth(window=10, max_failure_rate=0.5, min_calls=5, cooldown_s=0.5)
+    box = Toolbox([SearchConfig(index=index), CrawlConfig(fetch_timeout_s=2)], online=True, health=health)
+    for i in range(5): assert box.session("q").call("crawl_page", f"{flaky}/page{i}").status == "tool_error"
+    with pytest.raises(ToolBroken, match="tried again"): box.session("q").call("crawl_page", f"{flaky}/page5")
+    with pytest.raises(ToolBroken): box.session("q").call("crawl_page", f"{flaky}/page6")  # still cooling down
+    time.sleep(0.6)
+    assert box.session("q").call("crawl_page", f"{flaky}/page7").status == "tool_error"  # the trial call fails: open again
+    with pytest.raises(ToolBroken): box.session("q").call("crawl_page", f"{flaky}/page8")
+    _Flaky.down = False
+    time.sleep(0.6)
+    assert box.session("q").call("crawl_page", f"{flaky}/page9").status == "ok"  # the trial call succeeds: closed
+    assert all(box.session("q").call("crawl_page", f"{flaky}/p{i}").status == "ok" for i in range(10))
+    _Flaky.down = True
+    for i in range(6): box.session("q").call("crawl_page", f"{flaky}/again{i}")  # 6 of the last 10 calls failed
+    with pytest.raises(ToolBroken): box.session("q").call("crawl_page", f"{flaky}/again6")
+    _Flaky.down = False
+    health.reset("crawl_page")  # fixed: no need to wait for the cool-down
+    assert box.session("q").call("crawl_page", f"{flaky}/after-reset").status == "ok"
+
+
+@pytest.mark.parametrize("kwargs", [{"window": 0}, {"window": -3}, {"min_calls": 0}, {"window": 5, "min_calls": 6},
+                                    {"max_failure_rate": 0}, {"cooldown_s": -1}, {"window": 2.5}])
+def test_health_settings_are_validated(kwargs):
+    with pytest.raises(ValueError): ToolHealth(**kwargs)
+
+
+def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
+    path = tmp_path / "calls.sqlite"
+    box = Toolbox([SearchConfig(index=index), CrawlConfig(fetch_timeout_s=2)], online=True, cache=ToolCache(path, "record"))
+    assert box.session("q").call("crawl_page", f"{flaky}/page").status == "tool_error"
+    assert box.session("q").call("crawl_page", "ftp://world.example/nowhere").status == "bad_input"
+    assert box.session("q").call("web_search", "harbour bridge").status == "ok"
+    assert len(box.cache) == 2  # the answer and the model's bad input; not the tool error
+    _Flaky.down = False
+    again = box.session("q").call("crawl_page", f"{flaky}/page")
+    assert again.status == "ok" and not again.cached  # the rerun tried the tool again
+    replay = Toolbox([SearchConfig(index=index)], cache=ToolCache(path, "replay"))
+    assert replay.session("q").call("web_search", "harbour bridge").cached
+    # an old recording that holds a failure: replayed as a miss, not as an answer
+    box.cache._db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+                          (ToolCache.key("web_search", "old failure"), "web_search", "old failure", "timeout", "[FAILED] timed out", 0.0))
+    with pytest.raises(ReplayMiss): replay.session("q").call("web_search", "old failure")
