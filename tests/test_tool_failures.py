@@ -100,3 +100,18 @@ def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
     box.cache._db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?)",
                           (ToolCache.key("web_search", "old failure"), "web_search", "old failure", "timeout", "[FAILED] timed out", 0.0))
     with pytest.raises(ReplayMiss): replay.session("q").call("web_search", "old failure")
+
+
+@pytest.mark.parametrize("limit", ["abc", None, float("nan"), -5, 1e12, [1]])
+def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
+    from afm.grading import grade
+    from afm.tasks import Task
+    task = Task("demo/t", "Print 3.", ["print(3)"], "code", "demo", tests={"style": "stdio", "cases": [{"input": "", "output": "3\n"}]},
+                meta={"timeout_s": limit})
+    assert grade(task, "print(3)") == 1.0 and grade(task, "print(4)") == 0.0
+
+
+@pytest.mark.parametrize("timeout_s", [2.2e6, float("inf"), 0, -1])
+def test_sandbox_time_limits_are_bounded(timeout_s):
+    from afm.sandbox import run_python
+    with pytest.raises(ValueError, match="timeout_s"): run_python("print(1)", timeout_s=timeout_s)
