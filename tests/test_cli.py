@@ -68,3 +68,18 @@ def test_bench_search_and_sandbox_print_side_by_side_figures(tmp_path):
         assert res[k] > 0, k
     assert abs(res["speedup_single"] - res["afm_qps_single"] / res["rank_bm25_qps"]) <= 0.01 * res["speedup_single"] + 0.1
     assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached
+
+
+def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path):
+    for args, words in [(["--tasks_per_suite", "0"], "tasks_per_suite"), (["--tasks_per_suite", "-1"], "tasks_per_suite"),
+                        (["--workers", "-3"], "workers"), (["--world_scale", "0"], "world_scale")]:
+        r = afm("distill", *args, "--out", str(tmp_path / "out"), timeout=120)
+        assert r.returncode != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-500:])
+    for text, words in [("[tiny]\ndistill_workers = two\n", "distill_workers = 'two' should be a whole number"),
+                        ("[tiny]\ndistill_tasks_per_suite = 2OO\n", "distill_tasks_per_suite = '2OO' should be a whole number"),
+                        ("[tiny]\nworld_scale = 1.O\n", "world_scale = '1.O' should be a number"),
+                        ("[tiny]\ndistill_workers 2\n", "bad.ini"), ("[tiny]\nseed = 1\nseed = 2\n", "bad.ini")]:
+        (tmp_path / "bad.ini").write_text(text)
+        r = afm("distill", "--settings", str(tmp_path / "bad.ini"), "--out", str(tmp_path / "out"), timeout=120)
+        assert r.returncode != 0 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (text, r.stderr[-500:])
+    assert not (tmp_path / "out" / "sft.jsonl").exists()
