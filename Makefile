@@ -53,8 +53,9 @@ test: install
 reproduce: install
 	$(VENV)/bin/afm run --profile $(PROFILE)
 
+# containers run as root; Jupyter refuses root unless told it is meant
 lab: install
-	$(VENV)/bin/jupyter lab --notebook-dir=nbs
+	$(VENV)/bin/jupyter lab --notebook-dir=nbs $(if $(filter 0,$(shell id -u)),--allow-root)
 
 export: install
 	$(VENV)/bin/nbdev-export && $(VENV)/bin/nbdev-clean

@@ -78,3 +78,10 @@ def test_readme_names_the_two_commands():
     readme = (REPO / "README.md").read_text()
     assert "make reproduce" in readme and "make test" in readme
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_make_lab_starts_as_root_too():
+    import os, subprocess
+    r = subprocess.run(["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    lab = [l for l in r.stdout.splitlines() if "jupyter lab" in l]
+    assert lab and (("--allow-root" in lab[-1]) == (os.geteuid() == 0)), r.stdout[-500:]

@@ -179,3 +179,34 @@ def test_summariser_client_from_env(monkeypatch):
     assert LLMClient.from_env("AFM_LLM") is None
     monkeypatch.setenv("AFM_LLM_BASE_URL", "http://127.0.0.1:9/v1"); monkeypatch.setenv("AFM_LLM_MODEL", "m")
     assert LLMClient.from_env("AFM_LLM")._slots[0].endpoint == Endpoint("http://127.0.0.1:9/v1", "m", "")
+
+
+def test_serve_search_says_what_is_wrong_in_one_line(tmp_path, small_index):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"url": "u", "title": "t", "text": "x"}\n{"url": "u2", "title": 3, "text": "x"}\n')
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0)); busy.listen()
+        port = busy.getsockname()[1]
+        for args, code, words in [(["--port", "99999"], 2, "--port must be from 0 to 65535"),
+                                  (["--corpus", "/nonexistent.jsonl"], 1, "/nonexistent.jsonl"),
+                                  (["--index", "/nonexistent"], 1, "/nonexistent"),
+                                  (["--corpus", str(bad)], 1, "bad.jsonl:2"),
+                                  (["--index", str(small_index), "--port", str(port)], 1, f"cannot listen on 127.0.0.1:{port}")]:
+            r = subprocess.run([AFM, "serve", "search", *args], capture_output=True, text=True, timeout=120)
+            assert r.returncode == code and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-800:])
+            assert "serving" not in r.stdout
+
+
+def test_serve_search_on_port_0_announces_the_real_port(small_index):
+    proc = subprocess.Popen([AFM, "serve", "search", "--index", str(small_index), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        assert port > 0
+        for _ in range(100):
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["documents"] == 501; break
+            except httpx.HTTPError: time.sleep(0.1)
+        else: raise AssertionError("the announced port does not answer")
+    finally:
+        proc.terminate(); proc.wait(10)
