@@ -115,3 +115,32 @@ def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
 def test_sandbox_time_limits_are_bounded(timeout_s):
     from afm.sandbox import run_python
     with pytest.raises(ValueError, match="timeout_s"): run_python("print(1)", timeout_s=timeout_s)
+
+
+def test_a_damaged_cache_is_named_when_opened(tmp_path):
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ValueError, match="garbage.sqlite: not a usable tool cache"): ToolCache(garbage)
+    good = tmp_path / "calls.sqlite"
+    c = ToolCache(good)
+    for i in range(300): c.put("web_search", f"query {i}" * 20, "ok", "observation " * 50)
+    c._db.execute("PRAGMA wal_checkpoint(TRUNCATE)"); c.close()
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 4096] = b"\x5a" * 4096  # damage in the middle of the file
+    good.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="calls.sqlite: not a usable tool cache"): ToolCache(good)
+
+
+def test_a_busy_cache_is_a_miss_not_a_failed_call(index, tmp_path):
+    import subprocess, sys
+    path = tmp_path / "calls.sqlite"
+    ToolCache(path).close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time\ndb = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+                               "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(6)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        box = Toolbox([SearchConfig(index=index)], cache=ToolCache(path, busy_timeout_s=0.2))
+        r = box.session("q").call("web_search", "harbour bridge")
+        assert r.status == "ok" and "Osmira" in r.observation and box.cache.busy >= 1
+    finally:
+        holder.kill(); holder.wait()
