@@ -384,6 +384,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'afm.sandbox._stdin_source': ('sandbox.html#_stdin_source', 'afm/sandbox.py'),
                              'afm.sandbox._tool': ('sandbox.html#_tool', 'afm/sandbox.py'),
                              'afm.sandbox._uid_lease': ('sandbox.html#_uid_lease', 'afm/sandbox.py'),
+                             'afm.sandbox._utf8_source': ('sandbox.html#_utf8_source', 'afm/sandbox.py'),
                              'afm.sandbox._warn_fallback': ('sandbox.html#_warn_fallback', 'afm/sandbox.py'),
                              'afm.sandbox._workdir': ('sandbox.html#_workdir', 'afm/sandbox.py'),
                              'afm.sandbox.code': ('sandbox.html#code', 'afm/sandbox.py'),

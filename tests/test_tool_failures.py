@@ -144,3 +144,21 @@ def test_a_busy_cache_is_a_miss_not_a_failed_call(index, tmp_path):
         assert r.status == "ok" and "Osmira" in r.observation and box.cache.busy >= 1
     finally:
         holder.kill(); holder.wait()
+
+
+def test_a_latin1_coding_cookie_does_not_garble_the_program():
+    from afm.sandbox import run_python
+    for cookie in ("# coding: latin-1", "# -*- coding: iso-8859-1 -*-", "#!/usr/bin/env python\n# vim: set fileencoding=cp1252 :"):
+        r = run_python(f"{cookie}\nprint('café ünïcode')")
+        assert r.status == "ok" and r.stdout == "café ünïcode\n", (cookie, r)
+
+
+def test_deep_nesting_in_a_row_is_a_value_error_naming_it(tmp_path):
+    from afm.tasks import Task, read_jsonl
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.jsonl").write_text('{"id": "x", "meta": ' + deep + "}\n")
+    with pytest.raises(ValueError, match="deep.jsonl:1"): read_jsonl(tmp_path / "deep.jsonl")
+    nested: list = []
+    for _ in range(100_000): nested = [nested]
+    with pytest.raises(ValueError, match="meta"):
+        Task("demo/1", "q?", ["a"], "qa", "demo", meta={"x": nested})
