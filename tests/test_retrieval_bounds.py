@@ -56,4 +56,4 @@ def test_health_stays_responsive_while_the_server_is_busy(url):
     finally:
         stop.set()
         for w in workers: w.join()
-    assert max(waits) < 2.0, waits
+    assert max(waits) < 5.0, waits  # a stalled server took 8 s
