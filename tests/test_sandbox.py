@@ -434,8 +434,26 @@ def test_no_orphans_left(mode: str, code: str) -> None:
 def test_file_size_is_limited(mode: str) -> None:
     code = "with open('big', 'wb') as f:\n    for _ in range(100):\n        f.write(bytes(1 << 20))"
     result = run(code)
-    assert result.status == "error"
+    assert result.status == "disk" and result.reason.startswith("Disk full"), result
     assert "File too large" in result.stderr
+
+
+@needs_bwrap
+def test_workdir_size_is_bounded(bwrap: None) -> None:
+    # files under the per-file limit, more of them than the working directory holds
+    code = f"for i in range({sandbox.WORKDIR_MB // 32 + 2}):\n    open(f'part{{i}}', 'wb').write(bytes(32 << 20))"
+    result = run(code, timeout_s=20)
+    assert result.status == "disk" and f"at most {sandbox.WORKDIR_MB} MB" in result.reason, result
+    assert "No space left on device" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["files", "directories"])
+def test_file_count_is_bounded(mode: str, kind: str) -> None:
+    make = "open(f'f{i}', 'w').close()" if kind == "files" else "os.mkdir(f'd{i}')"
+    code = f"import os\ni = 0\nwhile True:\n    {make}\n    i += 1"
+    result = run(code, timeout_s=30)
+    assert result.status == "disk" and str(sandbox.MAX_FILES) in result.reason, result
+    assert result.wall_s < 20
 
 
 # --- ordinary behaviour ------------------------------------------------------------------
