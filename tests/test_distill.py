@@ -35,13 +35,19 @@ def test_distill_survives_a_crash_and_resumes(tmp_path):
     while time.monotonic() < deadline and (not runs.exists() or len(runs.read_text().splitlines()) < 10):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL); proc.wait()
-    before = len(runs.read_text().splitlines())
-    assert 10 <= before < 12 * len(DISTILL_SUITES), before
+    written = runs.read_bytes()
+    finished = written[: written.rfind(b"\n") + 1].splitlines()  # the runs written whole before the kill
+    assert 10 <= len(finished) < 12 * len(DISTILL_SUITES), len(finished)
     with runs.open("a") as f: f.write('{"task_id": "half a line')  # a crash in the middle of a write
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    after = runs.read_bytes().splitlines()
+    # reused: the finished runs are still there byte for byte (their timings would differ had they been redone) ...
+    assert after[: len(finished)] == finished
+    # ... and the resumed process ran only the rest: nothing lost, nothing twice
     ids = [r.task_id for r in read_runs(runs)]
-    assert len(ids) == len(set(ids)) == 12 * len(DISTILL_SUITES)  # nothing lost, nothing twice
+    assert len(after) == len(ids) == len(set(ids)) == 12 * len(DISTILL_SUITES)
+    assert {json.loads(line)["task_id"] for line in finished}.isdisjoint(json.loads(line)["task_id"] for line in after[len(finished):])
     stats = json.loads((out / "stats.json").read_text())
     assert stats["tasks"] == 12 * len(DISTILL_SUITES) and stats["dataset_rows"] > 0
 

@@ -2,6 +2,7 @@
 `LLMClient`, and scripted servers that are slow, fail, send garbage, reject or are not there at all."""
 import asyncio
 import os
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
-from afm.mas import TransformersBackend, serve_chat, tiny_chat_model
+from afm.mas import ROLE_PROMPTS, TransformersBackend, serve_chat, tiny_chat_model
 
 CHAT = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Who founded the company?"}]
 FAST = dict(retries=2, backoff_s=0.01)  # retry policy for tests: three attempts, no real waiting
@@ -216,3 +217,82 @@ def test_server_validates_requests(tiny):
     assert r.status_code == 400
     r = post({"messages": CHAT, "max_completion_tokens": 3, "stop": "zz", "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+
+# --- the teacher's LLM path, driven to a correct answer ---------------------------------
+
+
+def _protocol_reply(system: str, memory: str) -> str:
+    """What a competent LLM following the agents' protocol answers, from the prompt alone: the role comes from the system
+    prompt, the facts from the observations in the shared memory (it never sees the gold answer)."""
+    entity = re.fullmatch(r"In what year was (.+?) (?:born|founded)\?", re.search(r"^Question: (.*)$", memory, re.M)[1])[1]
+    crawled = re.findall(r"<crawl_page>.*?</crawl_page>\n<observation>(.*?)</observation>", memory, re.S)
+    suggested = re.findall(r"<suggested_answer>(.*?)</suggested_answer>", memory)
+    if system.startswith("You coordinate"):
+        if "<plan>" not in memory: return "NEXT: planner\nPlan the lookup first."
+        if not crawled: return "NEXT: search\nFind the page and read it."
+        if "<reflection>" not in memory: return "NEXT: reflection\nReview the evidence."
+        if "<double_check>" not in memory: return "NEXT: verifier\nSuggest and check an answer."
+        return "NEXT: answer\nThe answer was checked."
+    if system.startswith("You are the planner."):
+        return f"1. Search for {entity}.\n2. Read its page for the year.\n3. Verify the year and answer."
+    if system.startswith("You are the search agent."):
+        if "<web_search>" not in memory: return f"web_search: {entity}"
+        return "crawl_page: " + re.search(r"\[" + re.escape(entity) + r"\]\((https://[^)\s]+)\)", memory)[1]
+    if system.startswith("You are the reflection agent."):
+        return ("information_conflict: good - one page, no contradiction\ntool_effectiveness: good - the page was found and read\n"
+                "trajectory_monitoring: good - ready to answer")
+    if system.startswith("You are the verifier."):
+        year = re.search(r"\b(1[0-9]{3}|20[0-9]{2})\b", crawled[-1])[1]
+        return f"double_check: The page of {entity} states {year}. Score: 4" if suggested else f"suggested_answer: {year}"
+    if system.startswith("Write only the final answer"): return suggested[-1]
+    raise AssertionError(f"a prompt the protocol does not know: {system[:80]!r}")
+
+
+class ProtocolLLM:
+    """An OpenAI-compatible server whose replies follow the agents' protocol (`_protocol_reply`); it records the roles asked."""
+
+    def __init__(self):
+        self.roles = []
+        app = FastAPI()
+        app.post("/v1/chat/completions")(self.handle)
+        self.server, self.url = serve_in_thread(app)
+
+    async def handle(self, request: Request):
+        body = await request.json()
+        system, memory = body["messages"][0]["content"], body["messages"][1]["content"]
+        self.roles.append(next(role for role, prompt in ROLE_PROMPTS.items() if system.startswith(prompt[:30])))
+        text = _protocol_reply(system, memory)
+        usage = {"prompt_tokens": len(system + memory) // 4, "completion_tokens": len(text) // 4 + 1}
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {**usage, "total_tokens": sum(usage.values())}}
+
+
+def test_llm_teacher_reaches_a_correct_answer_over_http():
+    from afm.coa import check
+    from afm.distill import FilterConfig, filter_trajectories, linearize
+    from afm.grading import grade
+    from afm.mas import LLMBrain, MultiAgentSystem
+    from afm.search import SearchConfig, default_index
+    from afm.tasks import load_benchmark
+    from afm.tools import Toolbox
+    from afm.world import world_documents
+    tasks = [t for t in load_benchmark("world-atomic", split="sft", sizes={"sft": 40})
+             if re.fullmatch(r"In what year was .+ (born|founded)\?", t.question)][:3]
+    assert len(tasks) == 3
+    llm = ProtocolLLM()
+    try:
+        box = Toolbox([SearchConfig(index=default_index(extra=world_documents()))])
+        mas = MultiAgentSystem(LLMBrain(LLMClient(Endpoint(llm.url, "protocol"), **FAST), max_tokens=64), box)
+        for task in tasks:
+            run = mas.run(task)
+            assert run.status == "answered", (run.status, run.reason)
+            assert grade(task, run.answer) == 1.0, (task.answers, run.answer)
+            traj = linearize(run, task)
+            assert check(traj) == [] and [s.role for s in traj.steps if s.role in ("web_search", "crawl_page")] == ["web_search", "crawl_page"]
+            assert traj.accounting.prompt_tokens > 0 and traj.accounting.tool_calls == 2
+            kept, _ = filter_trajectories([(traj, task)], FilterConfig(keep_without_reflection=0.0))
+            assert len(kept) == 1, "a correct, reflected, grammatical trajectory passes the distillation filter"
+    finally:
+        llm.server.should_exit = True
+    assert set(llm.roles) == {"orchestrator", "planner", "search", "reflection", "verifier", "answer"}
