@@ -15,7 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
-from afm.mas import ROLE_PROMPTS, TransformersBackend, serve_chat, tiny_chat_model
+from afm.engine import EngineBackend, TransformersEngine, serve_chat
+from afm.mas import ROLE_PROMPTS
+from afm.models import tiny_chat_model
 
 CHAT = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Who founded the company?"}]
 FAST = dict(retries=2, backoff_s=0.01)  # retry policy for tests: three attempts, no real waiting
@@ -25,7 +27,7 @@ FAST = dict(retries=2, backoff_s=0.01)  # retry policy for tests: three attempts
 def tiny():
     """The tiny model in process, and the same model served over HTTP."""
     model, tok = tiny_chat_model()
-    local = TransformersBackend(model, tok)
+    local = EngineBackend(TransformersEngine(model, tok))
     server, url = serve_in_thread(serve_chat(local))
     yield local, url
     server.should_exit = True
@@ -89,7 +91,7 @@ def test_real_completion_counts_tokens_exactly(tiny):
     assert c.backend == f"openai:tiny@{url}" and c.seconds > 0
     sampled = backend.complete(CHAT, max_tokens=8, temperature=1.0)
     assert sampled.prompt_tokens == len(counted) and 1 <= sampled.completion_tokens <= 8
-    assert httpx.get(f"{url}/health").json() == {"status": "ok", "backend": "transformers:tiny-qwen2"}
+    assert httpx.get(f"{url}/health").json() == {"status": "ok", "backend": "transformers:afm-tiny"}
     backend.close()
 
 
@@ -171,7 +173,7 @@ def test_client_errors_are_not_retried(scripted, tiny):
         assert server.calls == 1
         assert str(e.value) == f"{server.url} rejected the request (not retried): HTTP {status}: scripted {status}"
     _, url = tiny  # a real rejection: the request does not fit the tiny model's context
-    with pytest.raises(BackendError, match=r"HTTP 400: transformers:tiny-qwen2: a prompt of \d+ tokens plus max_tokens=4000"):
+    with pytest.raises(BackendError, match=r"HTTP 400: transformers:afm-tiny: a prompt of \d+ tokens plus max_tokens=4000"):
         LLMClient([Endpoint(url, "tiny")], **FAST).complete(CHAT, max_tokens=4000)
 
 
