@@ -362,6 +362,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'afm.models.smol_gguf': ('models.html#smol_gguf', 'afm/models.py'),
                             'afm.models.tag_tokens': ('models.html#tag_tokens', 'afm/models.py'),
                             'afm.models.tiny_chat_model': ('models.html#tiny_chat_model', 'afm/models.py'),
+                            'afm.models.tiny_config': ('models.html#tiny_config', 'afm/models.py'),
                             'afm.models.tiny_model': ('models.html#tiny_model', 'afm/models.py'),
                             'afm.models.tiny_texts': ('models.html#tiny_texts', 'afm/models.py'),
                             'afm.models.train_tokenizer': ('models.html#train_tokenizer', 'afm/models.py')},
