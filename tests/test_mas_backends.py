@@ -211,7 +211,7 @@ def test_from_env(monkeypatch, scripted):
 def test_server_validates_requests(tiny):
     _, url = tiny
     post = lambda body: httpx.post(f"{url}/v1/chat/completions", json=body)
-    for body, field in [({"messages": CHAT, "stream": True}, "stream"), ({"messages": CHAT, "n": 2}, "n"),
+    for body, field in [({"messages": CHAT, "stream": [1]}, "stream"), ({"messages": CHAT, "n": 100}, "n"),
                         ({"messages": CHAT, "temperature": -1}, "temperature"), ({"model": "x"}, "messages")]:
         r = post(body)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), (body, r.text)
