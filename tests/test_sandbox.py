@@ -625,7 +625,8 @@ def test_live_sandboxes_never_share_a_uid(mode: str) -> None:
 
 
 def test_concurrent_runs(mode: str) -> None:
-    code = "import os, sys, time\ntime.sleep(0.02)\nprint(os.getuid(), sys.stdin.read())"
+    # each run reports when it ran, from inside the sandbox: runs that overlapped there held their uids at the same time
+    code = "import os, sys, time\nt0 = time.time()\ntime.sleep(0.02)\nprint(os.getuid(), sys.stdin.read(), t0, time.time())"
     calls: list[tuple[float, float, str, ExecResult]] = []
 
     def worker(n: int) -> None:
@@ -643,10 +644,9 @@ def test_concurrent_runs(mode: str) -> None:
     assert len(calls) == 40
     for _, _, stdin, result in calls:
         assert (result.status, result.stdout.split()[1]) == ("ok", stdin), result
-    uids = [int(result.stdout.split()[0]) for _, _, _, result in calls]
-    for (a, b), (uid_a, uid_b) in zip(itertools.combinations(calls, 2), itertools.combinations(uids, 2)):
-        if a[0] < b[1] and b[0] < a[1]:  # the calls overlapped
-            assert uid_a != uid_b
+    ran = [(int(uid), float(t0), float(t1)) for uid, _, t0, t1 in (result.stdout.split() for *_, result in calls)]
+    overlapping = [(a, b) for a, b in itertools.combinations(ran, 2) if a[1] < b[2] and b[1] < a[2]]
+    assert overlapping and all(a[0] != b[0] for a, b in overlapping)  # runs that overlapped had their own uids
     assert any(result.warm for *_, result in calls) == (os.environ["AFM_SANDBOX_POOL"] != "0")
     assert sandbox_processes() == []
 
