@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import datasets
+import pytest
 
 from afm.coa import Trajectory, check, counts
 from afm.distill import DISTILL_SUITES, read_runs
@@ -26,7 +27,10 @@ def _settings(tmp_path, per_suite):
     return path
 
 
-def test_distill_survives_a_crash_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    "A distillation killed mid-run, a half-written line appended, and the resumed run: (out, finished lines, resumed result)."
+    tmp_path = tmp_path_factory.mktemp("distill")
     settings, out = _settings(tmp_path, 12), tmp_path / "out"
     cmd = [AFM, "distill", "--profile", "quick", "--settings", str(settings), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
@@ -39,7 +43,12 @@ def test_distill_survives_a_crash_and_resumes(tmp_path):
     finished = written[: written.rfind(b"\n") + 1].splitlines()  # the runs written whole before the kill
     assert 10 <= len(finished) < 12 * len(DISTILL_SUITES), len(finished)
     with runs.open("a") as f: f.write('{"task_id": "half a line')  # a crash in the middle of a write
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    return out, finished, subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+
+
+def test_distill_survives_a_crash_and_resumes(crashed):
+    out, finished, r = crashed
+    runs = out / "runs.jsonl"
     assert r.returncode == 0, r.stderr[-3000:]
     after = runs.read_bytes().splitlines()
     # reused: the finished runs are still there byte for byte (their timings would differ had they been redone) ...
@@ -52,13 +61,12 @@ def test_distill_survives_a_crash_and_resumes(tmp_path):
     assert stats["tasks"] == 12 * len(DISTILL_SUITES) and stats["dataset_rows"] > 0
 
 
-def test_every_kept_trajectory_is_clean_correct_and_real(tmp_path):
-    settings, out = _settings(tmp_path, 10), tmp_path / "out"
-    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(settings), "--out", str(out)],
-                       capture_output=True, text=True, env=ENV, timeout=600)
+def test_every_kept_trajectory_is_clean_correct_and_real(crashed):
+    """The set the resumed run built (from runs of both processes)."""
+    out, _, r = crashed
     assert r.returncode == 0, r.stderr[-3000:]
     ds = datasets.load_from_disk(str(out / "dataset"))
-    tasks = {t.id: t for s in DISTILL_SUITES for t in load_benchmark(s, split="sft", sizes={"sft": 10})}
+    tasks = {t.id: t for s in DISTILL_SUITES for t in load_benchmark(s, split="sft", sizes={"sft": 12})}
     kinds = Counter()
     for row in ds:
         t = Trajectory.from_json(row["trajectory"])
