@@ -91,3 +91,14 @@ def test_a_profile_key_of_the_wrong_type_is_named(setup, tmp_path):
     r = subprocess.run([AFM, "sft", "--profile", "quick", "--settings", str(tmp_path / "s.ini"), "--data", str(setup / "rows.jsonl")],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 1 and "sft_learning_rate = 'fast' should be a number" in r.stderr, r.stderr
+
+
+def test_bench_sft_prints_the_batchings_side_by_side(setup):
+    r = subprocess.run([AFM, "bench", "sft", "--data", str(setup / "rows.jsonl"), "--model", str(setup / "model"), "--rows", "4",
+                        "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["rows"] == 4 and res["ours"]["real_token_share"] == 1.0 > res["padded"]["real_token_share"]
+    assert res["tokens_per_s_ratio"] > 0 and 0 < res["ours"]["mfu"] < 1 and res["matmul_peak_gflops"] > 0
+    bad = subprocess.run([AFM, "bench", "sft", "--rows", "1"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert bad.returncode == 2 and "--rows must be at least 2" in bad.stderr
