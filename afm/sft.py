@@ -324,7 +324,9 @@ def world_texts(scale: float = 1.0, seed: int = 0) -> list[str]:
     return [f"{d.title}\n{d.text}" for d in world_documents(scale, seed)]
 
 # %% ../nbs/09_sft.ipynb #900b27ca
-HELDOUT_SUITES = ["world-atomic", "world-depth", "world-width", "world-compute", "gsm-symbolic", "code-gen"]
+from .world import GENERATED_SUITES
+
+HELDOUT_SUITES = list(GENERATED_SUITES)  # every generated suite: its `test` split holds no entity of `sft` or `rl`
 
 
 def heldout_tasks(per_suite: int, suites=HELDOUT_SUITES, scale: float = 1.0, seed: int = 0) -> list:
