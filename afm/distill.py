@@ -13,7 +13,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -275,8 +275,8 @@ class DistillConfig:
     seed: int = field(default=0, metadata={"help": "seed of the world, the suites and the teacher"})
     system_style: str = field(default="full", metadata={"help": "the rows' system prompt: full or brief (the profile's system_style key)"})
     tools: ToolSizes = field(default_factory=ToolSizes, metadata={"help": "what each tool call shows (the profile's tools_* keys)", "cli": False})
-    teacher: TeacherConfig = field(default_factory=TeacherConfig, metadata={"help": "the offline teacher's habits", "cli": False})
-    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "the filter's settings", "cli": False})
+    teacher: TeacherConfig = field(default_factory=TeacherConfig, metadata={"help": "the offline teacher's habits (or a dict of them: the profile's distill_teacher)", "cli": False})
+    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "the filter's settings (or a dict of them: the profile's distill_filter)", "cli": False})
 
     def __post_init__(self):
         for name in ("tasks_per_suite", "workers"):
@@ -289,6 +289,17 @@ class DistillConfig:
         for s, n in self.suite_tasks.items():
             if s not in self.suites or isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"suite_tasks: {s!r}: {n!r} should be a whole number >= 1 for one of the suites {self.suites}")
+        for name, cls in (("teacher", TeacherConfig), ("filter", FilterConfig)):  # a dict of fields (the profile's distill_teacher, distill_filter)
+            v = getattr(self, name)
+            if isinstance(v, dict): setattr(self, name, _config_from(cls, v, name))
+            elif not isinstance(v, cls): raise ValueError(f"{name} must be a {cls.__name__} or a dict of its fields, got {v!r}")
+
+
+def _config_from(cls: type, values: dict, name: str):
+    "`cls(**values)`, type-checked, or a ValueError naming `name` and the unknown or mistyped field."
+    known = {f.name for f in fields(cls) if f.metadata.get("cli", True)}
+    if unknown := sorted(set(values) - known): raise ValueError(f"{name}: unknown field(s) {unknown}; known: {sorted(known)}")
+    return cls(**{k: check_value(cls, k, v, f"{name}.{k}") for k, v in values.items()})
 
 
 def distill(out: Path | str, cfg: DistillConfig | None = None, brain=None, box: Toolbox | None = None,
@@ -339,7 +350,7 @@ def cli_distill(argv: list[str] | None = None) -> int:
                               tools=tool_sizes(prof, where),
                               system_style=check_value(DistillConfig, "system_style", prof.get("system_style", "full"), f"{where}: system_style"))
         cfg, teacher, filt, a = parse_configs(p, argv, DistillConfig, TeacherConfig, FilterConfig,
-                                              defaults={**asdict(base), **asdict(TeacherConfig()), **asdict(FilterConfig())})
+                                              defaults={**asdict(base), **asdict(base.teacher), **asdict(base.filter)})
         cfg.teacher, cfg.filter, cfg.tools, cfg.suite_tasks = teacher, filt, base.tools, base.suite_tasks
         brain = None
         if a.brain == "openai":

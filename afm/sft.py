@@ -22,8 +22,8 @@ from .models import chat_prompt_ids, decode, tag_tokens
 # %% auto #0
 __all__ = ['SEGMENT_ATTENTION', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset',
            'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'train_sft', 'plot_losses',
-           'lm_dataset', 'world_texts', 'heldout_tasks', 'heldout', 'cli_sft', 'matmul_peak', 'train_flops',
-           'bench_sft', 'cli_bench']
+           'lm_dataset', 'world_texts', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft', 'matmul_peak',
+           'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -343,6 +343,25 @@ def heldout(model, tokenizer, tasks, toolbox, temperature: float = 0.0, top_p: f
     cfg = RolloutConfig(temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, max_tokens_per_turn=512,
                         max_turns=16, max_tool_calls=12, system_style=system_style)
     return evaluate(TransformersEngine(model, tokenizer, max_batch=max_batch), tasks, toolbox, cfg, progress=progress)
+
+
+def heldout_records(path: Path | str, model: str | Path, tasks, toolbox, sizes=None, temperature: float = 0.0, top_p: float = 1.0,
+                    max_new_tokens: int = 1536, system_style: str = "full", progress: bool = False) -> list[dict]:
+    """`heldout` records of the model folder or name `model`, kept in the JSONL file `path` with a key of what made them
+    (the weights' time stamp, the tasks, the decoding, the tool sizes `sizes`): a second call with the same key reads them back."""
+    from afm.models import load, model_path
+    path, folder = Path(path), model_path(str(model))
+    weights = folder / "model.safetensors"
+    key = {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None, "tasks": [t.id for t in tasks],
+           "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "tools": str(sizes), "system_style": system_style}
+    key_path = path.with_suffix(".key.json")
+    if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    m, t = load(str(folder))
+    recs = heldout(m, t, tasks, toolbox, temperature, top_p, max_new_tokens, system_style=system_style, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs)); key_path.write_text(json.dumps(key))
+    return recs
 
 # %% ../nbs/09_sft.ipynb #03b949a5
 def cli_sft(argv: list[str] | None = None) -> int:
