@@ -15,9 +15,19 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
+    "What `afm sft` saves: a tiny model fine-tuned with LoRA for two steps on the worked CoA examples, the adapters merged."
+    from afm.coa import examples, render
+    from afm.distill import system_prompt
     from afm.models import build_tiny, TinyConfig, tiny_texts
-    return build_tiny(TinyConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, context=512),
-                      tiny_texts(limit=100), tmp_path_factory.mktemp("m") / "tiny")
+    from afm.sft import SFTArgs, train_sft
+    tmp = tmp_path_factory.mktemp("m")
+    base = build_tiny(TinyConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, context=2048), tiny_texts(limit=100), tmp / "tiny")
+    kinds = {"web": "qa", "code": "code", "math": "math"}
+    rows = [{"kind": kinds[n], "messages": [{"role": "system", "content": system_prompt(kinds[n])}, {"role": "user", "content": t.question},
+                                             {"role": "assistant", "content": render(t)}]} for n, t in examples().items()]
+    args = SFTArgs(model=str(base), max_steps=2, batch_size=1, max_length=2048, val_fraction=0.0, lora=True, lora_r=4, lora_alpha=8)
+    train_sft(rows, tmp / "sft", args, progress=False)
+    return tmp / "sft" / "model"
 
 
 def test_serves_a_model_folder_over_http(tiny_folder):
