@@ -243,8 +243,8 @@ class ToolRegistry:
     def names(self) -> list[str]: return list(self._all())
 
     def for_kind(self, kind: str) -> list[Tool]:
-        "The tools offered to tasks of `kind`."
-        return [t for t in self if t.offered_for(kind)]
+        "The tools offered to tasks of `kind`, by name: system prompts list them the same whatever order the plugins loaded in."
+        return sorted((t for t in self if t.offered_for(kind)), key=lambda t: t.name)
 
     def describe(self, tools: Iterable[Tool] | None = None) -> str:
         "The tool list for a system prompt."
