@@ -461,12 +461,13 @@ def cli_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="a model folder or name (default: tiny)")
     p.add_argument("--rows", type=int, default=256, help="rows trained over, once each way (default 256)")
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row (default 2048)")
+    p.add_argument("--plain-tags", action="store_true", help="the model's tokenizer keeps the CoA tags as plain text (a pretrained model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
     if a.rows < 2: p.error(f"--rows must be at least 2, got {a.rows}")
     try:
         _, tok = load(a.model)
-        ds = sft_dataset(a.data or repo_root() / "data" / "distill" / a.profile, tok, max_length=a.max_length)
+        ds = sft_dataset(a.data or repo_root() / "data" / "distill" / a.profile, tok, max_length=a.max_length, plain_tags=a.plain_tags)
         ds = ds.shuffle(seed=0).select(range(min(a.rows, len(ds))))
         res = bench_sft(ds, lambda: load(a.model)[0].train(), tok, a.max_length)
     except (FileNotFoundError, ValueError, KeyError) as e:
