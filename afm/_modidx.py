@@ -557,7 +557,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.sft.SFTArgs.__post_init__': ('sft.html#sftargs.__post_init__', 'afm/sft.py'),
                          'afm.sft._digest': ('sft.html#_digest', 'afm/sft.py'),
                          'afm.sft._has_gpu': ('sft.html#_has_gpu', 'afm/sft.py'),
-                         'afm.sft._tiny_marker': ('sft.html#_tiny_marker', 'afm/sft.py'),
                          'afm.sft._trainer_config': ('sft.html#_trainer_config', 'afm/sft.py'),
                          'afm.sft.bench_sft': ('sft.html#bench_sft', 'afm/sft.py'),
                          'afm.sft.check_tokenizer': ('sft.html#check_tokenizer', 'afm/sft.py'),

@@ -115,6 +115,8 @@ def save_model(model, tokenizer, path: Path | str, tiny: dict | None = None) -> 
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+    # a prefix-space tokenizer marks the folder too: AutoTokenizer would rebuild it as Qwen2Tokenizer, without the space
+    if tiny is None and adds_prefix_space(tokenizer): tiny = {"tokenizer": "byte-level BPE with a prefix space"}
     if tiny is not None: (tmp / "tiny.json").write_text(json.dumps(tiny, indent=2))
     shutil.rmtree(path, ignore_errors=True); tmp.rename(path)
     return path

@@ -226,19 +226,6 @@ def _digest(model) -> str:
     return h.hexdigest()
 
 
-def _tiny_marker(name_or_path: str | None, tokenizer) -> dict | None:
-    """What the saved folder's `tiny.json` says, so that `afm.models.load` reads its tokenizer as it was trained: the
-    starting folder's own marker, or one for any tokenizer with a prefix space. transformers' `AutoTokenizer` maps a qwen2
-    config to `Qwen2Tokenizer`, which rebuilds the pre-tokenizer without tiny's prefix space: a name right after a tag
-    would then tokenise unlike the same name in the question, and copying it breaks."""
-    from afm.models import adds_prefix_space, model_path
-    if name_or_path is not None:
-        try: marker = model_path(name_or_path) / "tiny.json"
-        except (ValueError, OSError): marker = None
-        if marker is not None and marker.is_file(): return json.loads(marker.read_text())
-    return {"tokenizer": "byte-level BPE with a prefix space"} if adds_prefix_space(tokenizer) else None
-
-
 def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
     """Fine-tune on `data` (anything `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from
     its newest checkpoint; the run's figures, also in `out/sft.json`. The model (LoRA merged) is saved in `out/model`."""
@@ -258,7 +245,6 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
         raise ValueError(f"{out} holds a run with other settings ({out / 'args.json'}); use another output folder or delete it")
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(settings, indent=2))
-    model_given = model
     if model is None: model, tokenizer = load(args.model)
     model.set_attn_implementation(register_segment_attention() if args.attention == SEGMENT_ATTENTION else args.attention)
     skipped: dict = {}
@@ -297,7 +283,7 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
                "train_seconds": round(seconds, 1), "resumed_from": Path(last).name if last else None,
                "world_size": acc.num_processes, "train_loss": result.training_loss}
     if trainer.is_world_process_zero():
-        save_model(acc.unwrap_model(final), tokenizer, out / "model", _tiny_marker(args.model if model_given is None else None, tokenizer))
+        save_model(acc.unwrap_model(final), tokenizer, out / "model")
         (out / "log.json").write_text(json.dumps(history, indent=1))
         (out / "sft.json").write_text(json.dumps(figures, indent=2))
     acc.wait_for_everyone()
