@@ -21,9 +21,9 @@ from .models import chat_prompt_ids, decode, tag_tokens
 
 # %% auto #0
 __all__ = ['SEGMENT_ATTENTION', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset',
-           'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'train_sft', 'plot_losses',
-           'lm_dataset', 'world_texts', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft', 'matmul_peak',
-           'train_flops', 'bench_sft', 'cli_bench']
+           'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'sft_split', 'train_sft',
+           'plot_losses', 'lm_dataset', 'world_texts', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout',
+           'heldout_records', 'cli_sft', 'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -226,6 +226,14 @@ def _digest(model) -> str:
     return h.hexdigest()
 
 
+def sft_split(ds, args: SFTArgs):
+    "The training and validation rows `train_sft` uses: `args.val_fraction` of `ds` (at least one row), drawn with `args.seed`."
+    n_val = max(1, round(args.val_fraction * len(ds))) if args.val_fraction and len(ds) >= 4 else 0
+    if not n_val: return ds, None
+    split = ds.train_test_split(test_size=n_val, seed=args.seed)
+    return split["train"], split["test"]
+
+
 def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
     """Fine-tune on `data` (anything `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from
     its newest checkpoint; the run's figures, also in `out/sft.json`. The model (LoRA merged) is saved in `out/model`."""
@@ -250,9 +258,7 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     skipped: dict = {}
     if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names: ds = data
     else: ds = sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
-    n_val = max(1, round(args.val_fraction * len(ds))) if args.val_fraction and len(ds) >= 4 else 0
-    split = ds.train_test_split(test_size=n_val, seed=args.seed) if n_val else None
-    train, val = (split["train"], split["test"]) if split else (ds, None)
+    train, val = sft_split(ds, args)
     peft = None
     if args.lora:
         from peft import LoraConfig
@@ -322,6 +328,36 @@ def world_texts(scale: float = 1.0, seed: int = 0) -> list[str]:
     "The generated world's pages as texts (title, then body): the language-modelling pass's data."
     from afm.world import world_documents
     return [f"{d.title}\n{d.text}" for d in world_documents(scale, seed)]
+
+# %% ../nbs/09_sft.ipynb #86d476c5
+def copy_positions(ids: list[int], labels: list[int]) -> list[bool]:
+    "For each position: a trained token whose bigram (it and the token before) already occurred in the row's untrained text."
+    seen, out = set(), [False] * len(ids)
+    for i in range(1, len(ids)):
+        pair = (ids[i - 1], ids[i])
+        out[i] = labels[i] != IGNORE_INDEX and pair in seen
+        if labels[i] == IGNORE_INDEX and labels[i - 1] == IGNORE_INDEX: seen.add(pair)
+    return out
+
+
+def copy_probe(model, rows, max_rows: int = 64) -> dict:
+    """Mean loss on the trained tokens of `rows` (`input_ids`/`labels`) that `copy_positions` marks, against the other
+    trained tokens; with both counts."""
+    import torch
+    import torch.nn.functional as F
+    sums, counts = [0.0, 0.0], [0, 0]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for r in list(rows)[:max_rows]:
+            ids, labels = r["input_ids"], r["labels"]
+            logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0, :-1].float()
+            nll = F.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device), reduction="none").tolist()
+            for i, c in enumerate(copy_positions(ids, labels)):
+                if i and labels[i] != IGNORE_INDEX: sums[not c] += nll[i - 1]; counts[not c] += 1
+    model.train(was_training)
+    mean = [round(s / n, 4) if n else None for s, n in zip(sums, counts)]
+    return {"copy_loss": mean[0], "other_loss": mean[1], "copy_tokens": counts[0], "other_tokens": counts[1]}
 
 # %% ../nbs/09_sft.ipynb #900b27ca
 from .world import GENERATED_SUITES
