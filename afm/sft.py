@@ -343,13 +343,14 @@ def copy_positions(ids: list[int], labels: list[int]) -> list[bool]:
 def copy_probe(model, rows, max_rows: int = 64) -> dict:
     """Mean loss on the trained tokens of `rows` (`input_ids`/`labels`) that `copy_positions` marks, against the other
     trained tokens; with both counts."""
+    import itertools
     import torch
     import torch.nn.functional as F
-    sums, counts = [0.0, 0.0], [0, 0]
+    sums, counts = [0.0, 0.0], [0, 0]  # [copyable, the rest]
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for r in list(rows)[:max_rows]:
+        for r in itertools.islice(rows, max_rows):
             ids, labels = r["input_ids"], r["labels"]
             logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0, :-1].float()
             nll = F.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device), reduction="none").tolist()
