@@ -350,6 +350,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.mas._edge_calls': ('mas.html#_edge_calls', 'afm/mas.py'),
                          'afm.mas._misread_expr': ('mas.html#_misread_expr', 'afm/mas.py'),
                          'afm.mas._other_name': ('mas.html#_other_name', 'afm/mas.py'),
+                         'afm.mas._plan': ('mas.html#_plan', 'afm/mas.py'),
                          'afm.mas._same_number': ('mas.html#_same_number', 'afm/mas.py'),
                          'afm.mas._stdout_line': ('mas.html#_stdout_line', 'afm/mas.py'),
                          'afm.mas.agent_messages': ('mas.html#agent_messages', 'afm/mas.py'),

@@ -273,6 +273,18 @@ _WHAT = {"born_in": "birthplace", "works_for": "employer", "studied_at": "univer
 _MTOK = re.compile(r"\d[\d,]*(?:\.\d+)?%?|[-+*/×÷()]|\bx\b|[A-Za-z]+|[£€$¥]|\S")
 _MNUM = re.compile(r"\d[\d,]*(?:\.\d+)?%?\Z")
 
+
+def _plan(question: str, reads: list, computes: list) -> list[str]:
+    """The lookups' plan as a planner can write it before reading anything: an entity the question does not name is the
+    value an earlier step finds, so the plan refers to that step, never to the entity's name (which only the gold path knows)."""
+    todo, found = [], {}
+    for k, (_, r) in enumerate(reads, 1):
+        what = _WHAT.get(r["what"], r["what"])
+        subject = r["title"] if r["title"] in question else "the {1} found in step {0}".format(*found[r["title"]]) if r["title"] in found else "it"
+        todo.append(f"Find the {what} of {subject}.")
+        found.setdefault(r["value"], (k, what))
+    return todo + ["Compute the answer from the values found, with the code tool."] * bool(computes) + ["Verify the answer and reply."]
+
 # %% ../nbs/04_mas.ipynb #6a618cef
 def _arithmetic_before(text: str) -> str | None:
     "The arithmetic expression that ends `text` (the left side of an '='), units and currency dropped; None if there is none."
@@ -343,8 +355,7 @@ class OfflineTeacher:
         reads = [(path[i], path[i + 1]) for i in range(len(path) - 1) if path[i]["op"] == "search" and path[i + 1]["op"] == "read"]
         computes = [s for s in path if s["op"] == "compute"]
         answer = gold_answer(task)
-        todo = [f"Find the {_WHAT.get(r['what'], r['what'])} of {r['title']}." for _, r in reads]
-        todo += [f"Compute {c['expr']} with the code tool." for c in computes] + ["Verify the answer and reply."]
+        todo = _plan(task.question, reads, computes)
         yield (say("plan_intro", goal=f"{len(reads)} lookup{'s' * (len(reads) > 1)}"), "planner",
                "\n".join(f"{i}. {t}" for i, t in enumerate(todo, 1)))
         premature_at = rng.randrange(len(reads) - 1) if len(reads) > 1 and rng.random() < cfg.p_premature else None
