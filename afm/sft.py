@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,8 +22,9 @@ from .models import chat_prompt_ids, decode, tag_tokens
 # %% auto #0
 __all__ = ['SEGMENT_ATTENTION', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset',
            'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'sft_split', 'train_sft',
-           'plot_losses', 'lm_dataset', 'world_texts', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout',
-           'heldout_records', 'cli_sft', 'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
+           'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example', 'prefix_dataset',
+           'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft', 'matmul_peak',
+           'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -173,6 +174,7 @@ class SFTArgs:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     mask_observations: bool = field(default=True, metadata={"help": "no loss on observations (False: the ablation)"})
+    copy_steps: int = field(default=0, metadata={"help": "optimiser steps on the rows' first tool calls before SFT: the copy curriculum (0: none)"})
     plain_tags: bool = field(default=False, metadata={"help": "the tokenizer keeps the CoA tags as plain text"})
     val_fraction: float = field(default=0.05, metadata={"help": "share of rows held out for validation loss"})
     eval_steps: int = field(default=50, metadata={"help": "steps between validation losses"})
@@ -191,7 +193,9 @@ class SFTArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                 raise ValueError(f"SFTArgs.{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
-        if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool): raise ValueError(f"SFTArgs.max_steps must be a whole number, got {self.max_steps!r}")
+        for name in ("max_steps", "copy_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool): raise ValueError(f"SFTArgs.{name} must be a whole number, got {v!r}")
         if self.max_steps <= 0 and self.epochs <= 0: raise ValueError("SFTArgs: set epochs > 0 or max_steps > 0")
         if self.early_stopping and self.save_steps % self.eval_steps:
             raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of eval_steps ({self.eval_steps})")
@@ -253,7 +257,15 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
         raise ValueError(f"{out} holds a run with other settings ({out / 'args.json'}); use another output folder or delete it")
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(settings, indent=2))
-    if model is None: model, tokenizer = load(args.model)
+    if model is None: model, tokenizer = load(start_model(args.model, data))
+    copied = None
+    if args.copy_steps > 0:  # the copy curriculum first, in its own folder (it resumes and finishes on its own)
+        if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names:
+            raise ValueError("SFTArgs.copy_steps needs conversation rows to cut, not a tokenised dataset")
+        stage = replace(args, copy_steps=0, max_steps=args.copy_steps, val_fraction=0.0, early_stopping=0, mask_observations=True)
+        copied = train_sft(prefix_dataset(data, tokenizer, args.max_length, plain_tags=args.plain_tags), out / "copy", stage,
+                           model=model, tokenizer=tokenizer, progress=progress)
+        model, tokenizer = load(str(out / "copy" / "model"))
     model.set_attn_implementation(register_segment_attention() if args.attention == SEGMENT_ATTENTION else args.attention)
     skipped: dict = {}
     if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names: ds = data
@@ -287,7 +299,8 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
                "trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x),
                "final_train_loss": train_losses[-1] if train_losses else None, "best_eval_loss": min(evals) if evals else None,
                "train_seconds": round(seconds, 1), "resumed_from": Path(last).name if last else None,
-               "world_size": acc.num_processes, "train_loss": result.training_loss}
+               "world_size": acc.num_processes, "train_loss": result.training_loss,
+               **({"copy_steps": copied["steps"], "copy_seconds": copied["train_seconds"]} if copied else {})}
     if trainer.is_world_process_zero():
         save_model(acc.unwrap_model(final), tokenizer, out / "model")
         (out / "log.json").write_text(json.dumps(history, indent=1))
@@ -311,7 +324,7 @@ def plot_losses(history: list[dict], path: Path | str, title: str = "SFT") -> Pa
     fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
     return path
 
-# %% ../nbs/09_sft.ipynb #4fc7b507
+# %% ../nbs/09_sft.ipynb #d7dece59
 def lm_dataset(texts, tokenizer, max_length: int = 2048):
     "Language-modelling rows of `texts`: each text and an end-of-turn token, every token trained, cut into `max_length` pieces."
     import datasets
@@ -328,6 +341,48 @@ def world_texts(scale: float = 1.0, seed: int = 0) -> list[str]:
     "The generated world's pages as texts (title, then body): the language-modelling pass's data."
     from afm.world import world_documents
     return [f"{d.title}\n{d.text}" for d in world_documents(scale, seed)]
+
+
+def tiny_for(data, cfg=None) -> Path:
+    "`tiny` for SFT on `data`: its tokenizer trained on the world's pages and the rows' text, sized by `cfg` (the profile's `tiny_*` keys); cached."
+    from afm.models import build_tiny, tiny_config
+    rows = [" ".join(t for t in conversation(r, where) if t) for where, r in sft_rows(data)]
+    return build_tiny(cfg or tiny_config(), world_texts() + rows)
+
+
+def start_model(model: str, data) -> str:
+    "The model SFT starts from: `tiny` (from scratch) is built for `data` (`tiny_for`); a tokenised dataset, another name or a folder is itself."
+    import datasets
+    return str(tiny_for(data)) if model == "tiny" and not isinstance(data, datasets.Dataset) else model
+
+
+# %% ../nbs/09_sft.ipynb #af5a1756
+def prefix_example(tokenizer, system: str | None, user: str, assistant: str, tags: TagRegistry | None = None) -> tuple[list[int], list[int]] | str:
+    "`(input_ids, labels)` of a conversation cut right after its first tool call, or the reason it cannot be."
+    traj = parse(assistant, tags=tags or TAGS)
+    if traj.problems: return f"unparsable: {traj.problems[0]}"
+    pieces = segments(traj, tags)
+    if len(pieces) < 2: return "no tool call"
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
+    prompt = chat_prompt_ids(tokenizer, messages)
+    enc = encode_segments(pieces[:1], tokenizer)  # the first piece ends with the first tool call's closing tag
+    return prompt + enc.input_ids, [IGNORE_INDEX] * len(prompt) + enc.labels
+
+
+def prefix_dataset(rows, tokenizer, max_length: int | None = None, tags: TagRegistry | None = None, plain_tags: bool = False,
+                   skipped: dict | None = None):
+    "The copy curriculum's `input_ids`/`labels` rows: each of `rows` (anything `sft_rows` reads) cut after its first tool call."
+    import datasets
+    check_tokenizer(tokenizer, tags, plain_tags)
+    ids, labels, out = [], [], defaultdict(list)
+    for where, row in sft_rows(rows):
+        r = prefix_example(tokenizer, *conversation(row, where), tags=tags)
+        if isinstance(r, tuple) and max_length and len(r[0]) > max_length: r = f"longer than max_length={max_length} tokens"
+        if isinstance(r, str): out[r.partition(": ")[0]].append(where); continue
+        ids.append(r[0]); labels.append(r[1])
+    if skipped is not None: skipped.update(out)
+    if not ids: raise ValueError("no row has a tool call to cut after: " + "; ".join(f"{k}: {len(v)} (first {v[0]})" for k, v in out.items()))
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
 
 # %% ../nbs/09_sft.ipynb #86d476c5
 def copy_positions(ids: list[int], labels: list[int]) -> list[bool]:
