@@ -361,16 +361,25 @@ class OfflineTeacher:
         premature_at = rng.randrange(len(reads) - 1) if len(reads) > 1 and rng.random() < cfg.p_premature else None
         misread = rng.random() < cfg.p_misread
         pages: dict[str, str] = {}  # url -> what reading it returned; a page is read once
+        note = ""  # the values read since the last thought: the next thought writes them down before it moves on
+
+        def noted(thought: str) -> str:
+            nonlocal note
+            thought, note = note + thought, ""
+            return thought
+
         for k, (search, read) in enumerate(reads):
             name, what, value, url = read["title"], _WHAT.get(read["what"], read["what"]), read["value"], read["url"]
             if url in pages:  # read before for another value
-                if value in pages[url]: continue
-                yield (f"The page of {name} did not state the {what}; search for it.", "search", f"web_search: {name} {what}")
+                if value in pages[url]:
+                    note += f"The {what} of {name} is {value}. "
+                    continue
+                yield (noted(f"The page of {name} did not state the {what}; search for it."), "search", f"web_search: {name} {what}")
                 if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
             else:
                 query = search["query"]
                 if len(name.split()) > 1 and rng.random() < cfg.p_vague_query: query = name.split()[-1]
-                yield (say("search", name=name, what=what), "search", f"web_search: {query}")
+                yield (noted(say("search", name=name, what=what)), "search", f"web_search: {query}")
                 if rng.random() < cfg.p_repeat_query:
                     yield ("Search again to be sure.", "search", f"web_search: {query}")
                 if len(reads) == 1 and not computes and value in memory.last_observation() and rng.random() < cfg.p_shortcut:
@@ -392,18 +401,19 @@ class OfflineTeacher:
                 if value not in pages[url]:
                     yield (f"The summary does not state the {what}; search for it directly.", "search", f"web_search: {name} {what}")
                     if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
+            note += f"The {what} of {name} is {value}. "
             if k == premature_at:
-                yield ("That may already answer the question.", "verifier", f"suggested_answer: {value}")
+                yield (noted("That may already answer the question."), "verifier", f"suggested_answer: {value}")
                 yield (say("verify"), "verifier", f"double_check: {value} is the {what} of {name}, an intermediate result; "
                        f"the question asks for more. Score: 1")
                 yield ("Resume the plan.", "planner", "\n".join(f"{i}. {t}" for i, t in enumerate(todo[k + 1:], 1)))
             elif rng.random() < cfg.p_reflect or k == len(reads) - 1:
-                yield (say("reflect"), "reflection", f"information_conflict: good - the page states the {what} clearly.\n"
+                yield (noted(say("reflect")), "reflection", f"information_conflict: good - the page states the {what} clearly.\n"
                        f"tool_effectiveness: good - the page was found and read.\n"
                        f"trajectory_monitoring: good - step {k + 1} of {len(todo)} is done.")
         for c in computes:
             wrong = _misread_expr(c["expr"], rng) if misread else None
-            yield (say("compute"), "code", f"```python\nprint({wrong or c['expr']})\n```")
+            yield (noted(say("compute")), "code", f"```python\nprint({wrong or c['expr']})\n```")
             if wrong:
                 got = _stdout_line(memory.last_observation())
                 yield (say("suggest", answer=got), "verifier", f"suggested_answer: {got}")
@@ -424,7 +434,7 @@ class OfflineTeacher:
                 yield (say("suggest", answer=wrong), "verifier", f"suggested_answer: {wrong}")
                 yield (say("verify"), "verifier", f"double_check: the page says {answer}, not {wrong}. Score: 2")
                 yield ("I misread the page; plan the correction.", "planner", f"1. Take {answer} from the page read last.\n2. Verify and answer.")
-        yield (say("suggest", answer=answer), "verifier", f"suggested_answer: {answer}")
+        yield (noted(say("suggest", answer=answer)), "verifier", f"suggested_answer: {answer}")
         yield (say("verify"), "verifier", f"double_check: {answer} follows from the pages read"
                + (f" and the computation {computes[-1]['expr']}" if computes else "") + ". Score: 4")
         yield (say("final"), "answer", answer)
