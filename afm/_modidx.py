@@ -583,6 +583,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.sft.skipped_report': ('sft.html#skipped_report', 'afm/sft.py'),
                          'afm.sft.start_model': ('sft.html#start_model', 'afm/sft.py'),
                          'afm.sft.tiny_for': ('sft.html#tiny_for', 'afm/sft.py'),
+                         'afm.sft.tokenised': ('sft.html#tokenised', 'afm/sft.py'),
                          'afm.sft.train_flops': ('sft.html#train_flops', 'afm/sft.py'),
                          'afm.sft.train_sft': ('sft.html#train_sft', 'afm/sft.py'),
                          'afm.sft.world_texts': ('sft.html#world_texts', 'afm/sft.py')},

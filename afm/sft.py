@@ -21,10 +21,10 @@ from .models import chat_prompt_ids, decode, tag_tokens
 
 # %% auto #0
 __all__ = ['SEGMENT_ATTENTION', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset',
-           'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'sft_split', 'train_sft',
-           'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example', 'prefix_dataset',
-           'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft', 'matmul_peak',
-           'train_flops', 'bench_sft', 'cli_bench']
+           'tokenised', 'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'sft_split',
+           'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example',
+           'prefix_dataset', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft',
+           'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -106,18 +106,28 @@ def sft_dataset(rows, tokenizer, mask_observations: bool = True, max_length: int
                 tags: TagRegistry | None = None, plain_tags: bool = False, skipped: dict | None = None):
     """A `datasets.Dataset` of `input_ids` and `labels` from `rows` (anything `sft_rows` reads). Rows that cannot be
     trained on are left out; `skipped`, when given, receives each reason with where its rows are."""
+    def example(system, user, assistant, row):
+        return sft_example(tokenizer, system, user, assistant, mask_observations=mask_observations, tags=tags,
+                           kind=row.get("kind") if isinstance(row, dict) else None)
+    return tokenised(rows, tokenizer, example, max_length, tags, plain_tags, skipped, "no trainable rows")
+
+
+def tokenised(rows, tokenizer, example, max_length: int | None = None, tags: TagRegistry | None = None,
+              plain_tags: bool = False, skipped: dict | None = None, nothing: str = "no trainable rows"):
+    """A `datasets.Dataset` of the `(input_ids, labels)` that `example(system, user, assistant, row)` makes of each of
+    `rows`. A row it gives a reason for, or longer than `max_length`, is left out and counted under its reason in `skipped`;
+    when no row is left, a `ValueError` starting with `nothing` lists the reasons and the first row of each."""
     import datasets
     check_tokenizer(tokenizer, tags, plain_tags)
     ids, labels, out = [], [], defaultdict(list)
     for where, row in sft_rows(rows):
-        r = sft_example(tokenizer, *conversation(row, where), mask_observations=mask_observations, tags=tags,
-                        kind=row.get("kind") if isinstance(row, dict) else None)
+        r = example(*conversation(row, where), row)
         if isinstance(r, tuple) and max_length and len(r[0]) > max_length: r = f"longer than max_length={max_length} tokens"
         if isinstance(r, str): out[r.partition(": ")[0]].append(where); continue  # counted by kind of reason
         ids.append(r[0]); labels.append(r[1])
     if skipped is not None: skipped.update(out)
     if not ids:
-        raise ValueError(f"no trainable rows in {rows if isinstance(rows, (str, Path)) else 'the rows given'}: "
+        raise ValueError(f"{nothing} in {rows if isinstance(rows, (str, Path)) else 'the rows given'}: "
                          + "; ".join(f"{k}: {len(v)} (first {v[0]})" for k, v in out.items()))
     return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
 
@@ -372,17 +382,8 @@ def prefix_example(tokenizer, system: str | None, user: str, assistant: str, tag
 def prefix_dataset(rows, tokenizer, max_length: int | None = None, tags: TagRegistry | None = None, plain_tags: bool = False,
                    skipped: dict | None = None):
     "The copy curriculum's `input_ids`/`labels` rows: each of `rows` (anything `sft_rows` reads) cut after its first tool call."
-    import datasets
-    check_tokenizer(tokenizer, tags, plain_tags)
-    ids, labels, out = [], [], defaultdict(list)
-    for where, row in sft_rows(rows):
-        r = prefix_example(tokenizer, *conversation(row, where), tags=tags)
-        if isinstance(r, tuple) and max_length and len(r[0]) > max_length: r = f"longer than max_length={max_length} tokens"
-        if isinstance(r, str): out[r.partition(": ")[0]].append(where); continue
-        ids.append(r[0]); labels.append(r[1])
-    if skipped is not None: skipped.update(out)
-    if not ids: raise ValueError("no row has a tool call to cut after: " + "; ".join(f"{k}: {len(v)} (first {v[0]})" for k, v in out.items()))
-    return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+    return tokenised(rows, tokenizer, lambda system, user, assistant, row: prefix_example(tokenizer, system, user, assistant, tags),
+                     max_length, tags, plain_tags, skipped, "no row with a tool call to cut after")
 
 # %% ../nbs/09_sft.ipynb #86d476c5
 def copy_positions(ids: list[int], labels: list[int]) -> list[bool]:
