@@ -244,6 +244,7 @@ class TeacherConfig:
     p_repeat_query: float = field(default=0.02, metadata={"help": "search the same query twice (the tool answers 'already searched')"})
     p_shortcut: float = field(default=0.15, metadata={"help": "answer a one-hop question from the search snippet, without reading or reflecting"})
     p_reflect: float = field(default=0.6, metadata={"help": "reflect after a read (always after the last one)"})
+    recap: bool = field(default=False, metadata={"help": "each note restates every value found so far, not only the new ones"})
     seed: int = field(default=0, metadata={"help": "seed of the teacher's choices", "cli": False})
 
 
@@ -361,18 +362,22 @@ class OfflineTeacher:
         premature_at = rng.randrange(len(reads) - 1) if len(reads) > 1 and rng.random() < cfg.p_premature else None
         misread = rng.random() < cfg.p_misread
         pages: dict[str, str] = {}  # url -> what reading it returned; a page is read once
-        note = ""  # the values read since the last thought: the next thought writes them down before it moves on
+        note, found = "", []  # the values read since the last thought (the next one writes them down), and all of them
+
+        def learned(fact: str) -> None:
+            nonlocal note
+            note += fact + " "; found.append(fact)
 
         def noted(thought: str) -> str:
             nonlocal note
-            thought, note = note + thought, ""
+            thought, note = (" ".join(found) + " " if cfg.recap and found else note) + thought, ""
             return thought
 
         for k, (search, read) in enumerate(reads):
             name, what, value, url = read["title"], _WHAT.get(read["what"], read["what"]), read["value"], read["url"]
             if url in pages:  # read before for another value
                 if value in pages[url]:
-                    note += f"The {what} of {name} is {value}. "
+                    learned(f"The {what} of {name} is {value}.")
                     continue
                 yield (noted(f"The page of {name} did not state the {what}; search for it."), "search", f"web_search: {name} {what}")
                 if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
@@ -401,7 +406,7 @@ class OfflineTeacher:
                 if value not in pages[url]:
                     yield (f"The summary does not state the {what}; search for it directly.", "search", f"web_search: {name} {what}")
                     if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
-            note += f"The {what} of {name} is {value}. "
+            learned(f"The {what} of {name} is {value}.")
             if k == premature_at:
                 yield (noted("That may already answer the question."), "verifier", f"suggested_answer: {value}")
                 yield (say("verify"), "verifier", f"double_check: {value} is the {what} of {name}, an intermediate result; "
