@@ -364,8 +364,9 @@ class OfflineTeacher:
         pages: dict[str, str] = {}  # url -> what reading it returned; a page is read once
         note, found = "", []  # the values read since the last thought (the next one writes them down), and all of them
 
-        def learned(fact: str) -> None:
+        def learned(what: str, name: str, value: str) -> None:
             nonlocal note
+            fact = f"The {what} of {name} is {value}."
             note += fact + " "; found.append(fact)
 
         def noted(thought: str) -> str:
@@ -377,7 +378,7 @@ class OfflineTeacher:
             name, what, value, url = read["title"], _WHAT.get(read["what"], read["what"]), read["value"], read["url"]
             if url in pages:  # read before for another value
                 if value in pages[url]:
-                    learned(f"The {what} of {name} is {value}.")
+                    learned(what, name, value)
                     continue
                 yield (noted(f"The page of {name} did not state the {what}; search for it."), "search", f"web_search: {name} {what}")
                 if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
@@ -406,7 +407,7 @@ class OfflineTeacher:
                 if value not in pages[url]:
                     yield (f"The summary does not state the {what}; search for it directly.", "search", f"web_search: {name} {what}")
                     if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
-            learned(f"The {what} of {name} is {value}.")
+            learned(what, name, value)
             if k == premature_at:
                 yield (noted("That may already answer the question."), "verifier", f"suggested_answer: {value}")
                 yield (say("verify"), "verifier", f"double_check: {value} is the {what} of {name}, an intermediate result; "
