@@ -557,6 +557,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'afm.sft': { 'afm.sft.SFTArgs': ('sft.html#sftargs', 'afm/sft.py'),
                          'afm.sft.SFTArgs.__post_init__': ('sft.html#sftargs.__post_init__', 'afm/sft.py'),
                          'afm.sft._digest': ('sft.html#_digest', 'afm/sft.py'),
+                         'afm.sft._elapsed_callback': ('sft.html#_elapsed_callback', 'afm/sft.py'),
                          'afm.sft._has_gpu': ('sft.html#_has_gpu', 'afm/sft.py'),
                          'afm.sft._trainer_config': ('sft.html#_trainer_config', 'afm/sft.py'),
                          'afm.sft.bench_sft': ('sft.html#bench_sft', 'afm/sft.py'),

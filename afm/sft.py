@@ -20,11 +20,11 @@ from .core import read_rows
 from .models import chat_prompt_ids, decode, tag_tokens
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset',
-           'tokenised', 'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs', 'sft_split',
-           'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example',
-           'prefix_dataset', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout', 'heldout_records', 'cli_sft',
-           'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
+__all__ = ['SEGMENT_ATTENTION', 'ELAPSED', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example',
+           'sft_dataset', 'tokenised', 'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs',
+           'sft_split', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
+           'prefix_example', 'prefix_dataset', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout',
+           'heldout_records', 'cli_sft', 'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -248,9 +248,26 @@ def sft_split(ds, args: SFTArgs):
     return split["train"], split["test"]
 
 
+ELAPSED = "afm_elapsed.json"  # in each checkpoint: the training seconds up to it, over every process that trained the run
+
+
+def _elapsed_callback(before: float):
+    "A callback writing into each checkpoint the seconds trained so far: `before` (earlier processes) plus this process's."
+    from transformers import TrainerCallback
+    t0 = time.perf_counter()
+
+    class Elapsed(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                Path(args.output_dir, f"checkpoint-{state.global_step}", ELAPSED).write_text(
+                    json.dumps({"seconds": before + time.perf_counter() - t0}))
+    return Elapsed()
+
+
 def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
     """Fine-tune on `data` (anything `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from
-    its newest checkpoint; the run's figures, also in `out/sft.json`. The model (LoRA merged) is saved in `out/model`."""
+    its newest checkpoint; the run's figures, also in `out/sft.json`. The model (LoRA merged) is saved in `out/model`.
+    `train_seconds` counts every process that trained the run; `resumed_seconds` is the part before the last resume."""
     import datasets
     args, out = args or SFTArgs(), Path(out)
     if not isinstance(data, (list, tuple, datasets.Dataset)): next(iter(sft_rows(data)), None)  # a bad path fails before anything loads
@@ -294,9 +311,11 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
         for c in trainer.model.peft_config.values():
             if c.base_model_name_or_path and not Path(c.base_model_name_or_path, "config.json").is_file(): c.base_model_name_or_path = None
     last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    before = json.loads((Path(last) / ELAPSED).read_text())["seconds"] if last and (Path(last) / ELAPSED).is_file() else 0.0
+    trainer.add_callback(_elapsed_callback(before))
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=last)
-    seconds = time.perf_counter() - t0
+    seconds = before + time.perf_counter() - t0
     final = trainer.model.merge_and_unload() if args.lora else trainer.model
     acc = trainer.accelerator
     acc.unwrap_model(final).set_attn_implementation("sdpa")  # what inference and serving use
@@ -309,6 +328,7 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
                "trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x),
                "final_train_loss": train_losses[-1] if train_losses else None, "best_eval_loss": min(evals) if evals else None,
                "train_seconds": round(seconds, 1), "resumed_from": Path(last).name if last else None,
+               "resumed_seconds": round(before, 1),
                "world_size": acc.num_processes, "train_loss": result.training_loss,
                **({"copy_steps": copied["steps"], "copy_seconds": copied["train_seconds"]} if copied else {})}
     if trainer.is_world_process_zero():

@@ -43,13 +43,13 @@ def _losses(out):
 
 
 def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
-    from afm.sft import SFTArgs, train_sft
+    from afm.sft import ELAPSED, SFTArgs, train_sft
     steps = ["--max_steps", "12", "--save_steps", "4"]
     ref = train_sft(setup / "rows.jsonl", setup / "whole", SFTArgs(model=str(setup / "model"), max_steps=12, save_steps=4,
                     learning_rate=0.003, batch_size=1, val_fraction=0.0), progress=False)  # the same settings, uninterrupted
     out = setup / "killed"
     proc = subprocess.Popen(_cmd(setup, out, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-    mark = out / "checkpoints" / "checkpoint-4" / "trainer_state.json"
+    mark = out / "checkpoints" / "checkpoint-4" / ELAPSED  # written after the rest of the checkpoint
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not mark.is_file() and proc.poll() is None: time.sleep(0.05)
     proc.send_signal(signal.SIGKILL); proc.wait()
@@ -58,6 +58,8 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     assert again.returncode == 0, again.stderr[-3000:]
     done = json.loads((out / "sft.json").read_text())
     assert done["resumed_from"].startswith("checkpoint-") and done["steps"] == ref["steps"] == 12
+    before = json.loads((out / "checkpoints" / done["resumed_from"] / ELAPSED).read_text())["seconds"]
+    assert 0 < done["resumed_seconds"] == round(before, 1) < done["train_seconds"]  # the killed process's seconds are counted
     a, b = _losses(out), _losses(setup / "whole")
     assert max(a) == 12 and all(abs(a[s] - b[s]) < 1e-4 * max(1.0, abs(b[s])) for s in a), (a, b)  # the same run, resumed
     assert abs(done["final_train_loss"] - ref["final_train_loss"]) < 1e-4 * max(1.0, ref["final_train_loss"])
