@@ -252,15 +252,17 @@ ELAPSED = "afm_elapsed.json"  # in each checkpoint: the training seconds up to i
 
 
 def _elapsed_callback(before: float):
-    "A callback writing into each checkpoint the seconds trained so far: `before` (earlier processes) plus this process's."
+    """A callback whose `seconds()` is the time trained so far, `before` (earlier processes) plus this process's since it
+    was made; it writes that into each checkpoint."""
     from transformers import TrainerCallback
     t0 = time.perf_counter()
 
     class Elapsed(TrainerCallback):
+        def seconds(self) -> float: return before + time.perf_counter() - t0
+
         def on_save(self, args, state, control, **kwargs):
             if state.is_world_process_zero:
-                Path(args.output_dir, f"checkpoint-{state.global_step}", ELAPSED).write_text(
-                    json.dumps({"seconds": before + time.perf_counter() - t0}))
+                Path(args.output_dir, f"checkpoint-{state.global_step}", ELAPSED).write_text(json.dumps({"seconds": self.seconds()}))
     return Elapsed()
 
 
@@ -312,10 +314,9 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
             if c.base_model_name_or_path and not Path(c.base_model_name_or_path, "config.json").is_file(): c.base_model_name_or_path = None
     last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
     before = json.loads((Path(last) / ELAPSED).read_text())["seconds"] if last and (Path(last) / ELAPSED).is_file() else 0.0
-    trainer.add_callback(_elapsed_callback(before))
-    t0 = time.perf_counter()
+    trainer.add_callback(clock := _elapsed_callback(before))
     result = trainer.train(resume_from_checkpoint=last)
-    seconds = before + time.perf_counter() - t0
+    seconds = clock.seconds()
     final = trainer.model.merge_and_unload() if args.lora else trainer.model
     acc = trainer.accelerator
     acc.unwrap_model(final).set_attn_implementation("sdpa")  # what inference and serving use
