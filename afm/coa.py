@@ -14,9 +14,10 @@ from typing import Any, Iterable, Iterator
 
 # %% auto #0
 __all__ = ['KINDS', 'TAGS', 'STEP_SEPARATOR', 'REFLECTION_ASPECTS', 'IGNORE_INDEX', 'Tag', 'TagRegistry', 'register_tool', 'Step',
-           'Accounting', 'Trajectory', 'observation_text', 'segments', 'render', 'parse', 'observation_spans',
-           'reflection_ratings', 'double_check_score', 'grammar_of', 'check', 'counts', 'stop_strings', 'examples',
-           'trajectories', 'Encoded', 'encode_segments', 'encode', 'label_problems', 'labels_html']
+           'Accounting', 'Trajectory', 'neutral', 'tag_words', 'observation_text', 'segments', 'render', 'parse',
+           'observation_spans', 'reflection_ratings', 'double_check_score', 'grammar_of', 'check', 'counts',
+           'stop_strings', 'examples', 'trajectories', 'Encoded', 'encode_segments', 'encode', 'label_problems',
+           'labels_html']
 
 # %% ../nbs/00_coa.ipynb #c43fe392
 KINDS = ("role", "tool", "observation", "answer")
@@ -203,16 +204,31 @@ def _validate(traj: Trajectory, tags: TagRegistry) -> None:
         if s.observation is not None:
             if kind != "tool": raise ValueError(f"{where}: only tool steps carry an observation")
             if not isinstance(s.observation, str): raise ValueError(f"{where}: observation must be a str")
-            if "</observation>" in s.observation: raise ValueError(f"{where}: observation contains '</observation>'")
     if traj.answer is not None:
         if not isinstance(traj.answer, str): raise ValueError(f"answer: must be a str, got {type(traj.answer).__name__}")
         if (bad := _registered_tag_in(traj.answer, tags)) is not None:
             raise ValueError(f"answer: contains the tag {bad!r}, which would open or close a span")
 
 
-def observation_text(observation: str) -> str:
-    "The exact text the environment appends after a tool call."
-    return f"<observation>{observation}</observation>"
+def neutral(text: str, words: Iterable[str]) -> str:
+    """`text` with every occurrence of `words` (tags, chat control tokens) broken, so that neither the parser nor a
+    tokenizer can read one there: a word's leading `<` is written `&lt;` (any other word gets a word joiner after its first
+    character). Idempotent, and text without the words is returned as it is."""
+    for w in sorted(set(words), key=len, reverse=True):
+        if w and w in text: text = text.replace(w, ("&lt;" + w[1:]) if w[0] == "<" else (w[0] + "\u2060" + w[1:]))
+    return text
+
+
+def tag_words(tags: TagRegistry | None = None) -> list[str]:
+    "Every registered tag, opening and closing: the words an observation may not spell."
+    return [s for t in (TAGS if tags is None else tags) for s in (t.open, t.close)]
+
+
+def observation_text(observation: str, tags: TagRegistry | None = None, controls: Iterable[str] = ()) -> str:
+    """The exact text the environment appends after a tool call: the observation with every registered tag and every
+    chat control token in `controls` neutralised (`neutral`), so that nothing a tool returns can close the observation,
+    write a step or an answer, or end the turn."""
+    return f"<observation>{neutral(observation, [*tag_words(tags), *controls])}</observation>"
 
 # %% ../nbs/00_coa.ipynb #2cc19a3f
 def segments(traj: Trajectory, tags: TagRegistry | None = None) -> list[tuple[str, bool]]:
@@ -227,7 +243,7 @@ def segments(traj: Trajectory, tags: TagRegistry | None = None) -> list[tuple[st
     if traj.answer is not None: spans.append(("answer", traj.answer, None))
     for i, (role, text, obs) in enumerate(spans):
         add((STEP_SEPARATOR if i else "") + f"<{role}>{text}</{role}>", True)
-        if obs is not None: add(observation_text(obs), False)
+        if obs is not None: add(observation_text(obs, tags), False)
     return out
 
 
@@ -494,8 +510,8 @@ def trajectories(tags: TagRegistry | None = None, controls: bool = False):
     noise = st.sampled_from(["<", ">", "</", "/>", "<b>", "</i>", "<x_y>", "\n", " ", "&lt;", "|", "\\boxed{1}", "```"])
     text = st.lists(st.one_of(st.text(chars, max_size=12), noise), max_size=6).map("".join).filter(
         lambda s: _registered_tag_in(s, tags) is None)
-    obs = st.lists(st.one_of(st.text(chars, max_size=12), noise, st.sampled_from([f"<{n}>" for n in tags.names()])),
-                   max_size=6).map("".join).filter(lambda s: "</observation>" not in s)
+    obs = st.lists(st.one_of(st.text(chars, max_size=12), noise, st.sampled_from(tag_words(tags) + ["<|im_end|>", "&lt;answer>"])),
+                   max_size=6).map("".join)  # tags inside an observation are neutralised when it is rendered
     def step(role):
         return st.builds(Step, st.just(role), text, st.one_of(st.none(), obs) if tags.is_tool(role) else st.none())
     steps = st.lists(st.sampled_from(roles).flatmap(step), max_size=8)

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Iterator
 
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'package_dir', 'package_file', 'read_rows',
-           'progress_bar', 'repo_root', 'load_profiles', 'load_profile', 'check_value', 'profile_config',
-           'config_parser', 'parse_configs', 'stage_parser', 'stage_profile']
+           'progress_bar', 'repo_root', 'data_dir', 'load_profiles', 'load_profile', 'check_value', 'profile_config',
+           'config_parser', 'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range',
+           'check_fields']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("02c_sandbox", "sandbox"),
     Chapter("02d_pool", "pool", commands=("bench sandbox",)),
     Chapter("02e_harness", "harness", pipeline=False),
+    Chapter("02f_prompts", "prompts", pipeline=False),
     Chapter("03_tasks", "tasks", pipeline=False),
     Chapter("03a_world", "world"),
     Chapter("03b_benchmarks", "benchmarks"),
@@ -58,7 +60,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("04_mas", "mas"),
     Chapter("05_distill", "distill", commands=("distill",)),
     Chapter("06_models", "models"),
-    Chapter("07_engine", "engine", commands=("serve model",)),
+    Chapter("07_engine", "engine"),
+    Chapter("07a_serve", "serve", commands=("serve model",)),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
     Chapter("09_sft", "sft", commands=("sft", "bench sft")),
     Chapter("10_rl", "rl", commands=("rl",)),
@@ -149,6 +152,12 @@ def repo_root(start: Path | str | None = None) -> Path:
     raise FileNotFoundError(f"no afm repository (settings.ini and nbs/) at or above {here}; run this from a clone of the repository")
 
 
+def data_dir(stage: str, profile: str, root: Path | str | None = None) -> Path:
+    """Where stage `stage` (`distill`, `sft`, `rl`) keeps its output for `profile`: `<repo>/data/<stage>/<profile>`. The one
+    rule every chapter and command follows, wherever the reports go, so a later stage finds what an earlier one wrote."""
+    return repo_root(root) / "data" / stage / profile
+
+
 def _value(raw: str) -> Any:
     "A settings value as a Python value: numbers, booleans, None, lists, dicts; anything else stays a string."
     if raw.strip().lower() in ("true", "false"): return raw.strip().lower() == "true"
@@ -236,3 +245,35 @@ def stage_profile(pre, argv: list[str] | None) -> tuple[Any, dict[str, Any], str
     "The shared options of `argv`, the profile they name, and where that profile is (for messages)."
     known, _ = pre.parse_known_args(argv)
     return known, load_profile(known.profile, known.settings), f"{known.settings or repo_root() / 'settings.ini'} [{known.profile}]"
+
+# %% ../nbs/00a_core.ipynb #6779df41
+class FieldTypeError(TypeError, ValueError):
+    "A setting of the wrong type: a TypeError, and a ValueError for callers that catch every bad setting as one."
+
+
+def _within(v: float, interval: str) -> bool:
+    "Is `v` inside `interval`, written as in mathematics: `[1, inf)`, `(0, 1]`?"
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    return (lo < v if interval[0] == "(" else lo <= v) and (v < hi if interval[-1] == ")" else v <= hi)
+
+
+def check_range(where: str, value: Any, interval: str | int, whole: bool = False) -> Any:
+    """`value` if it is a number (a whole number if `whole`; never a bool, never NaN) inside `interval` (`"(0, 1]"`,
+    `"[0, inf)"`; an int `n` means `[n, inf)`); else `FieldTypeError` for a wrong type or ValueError, naming `where`."""
+    if isinstance(interval, int): interval = f"[{interval}, inf)"
+    what = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        raise FieldTypeError(f"{where} must be {what} in {interval}, got {value!r}")
+    if not _within(value, interval): raise ValueError(f"{where} must be {what} in {interval}, got {value!r}")
+    return value
+
+
+def check_fields(config, ints: dict[str, int | str] | None = None, numbers: dict[str, str] | None = None,
+                 label: str | None = None) -> None:
+    """`check_range` on fields of `config`: each named in `ints` a whole number at least its minimum (or inside its
+    interval), each in `numbers` a number inside its interval; errors name `Class.field` (or `label.field`). The range
+    checks of every config's `__post_init__`."""
+    label = type(config).__name__ if label is None else label
+    for whole, rules in ((True, ints), (False, numbers)):
+        for name, interval in (rules or {}).items():
+            check_range(f"{label}.{name}" if label else name, getattr(config, name), interval, whole)

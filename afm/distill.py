@@ -18,18 +18,19 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .coa import Accounting, Step, Trajectory, check, counts, render
-from .core import check_value, parse_configs, profile_config, progress_bar, repo_root, stage_parser, stage_profile
+from .core import check_fields, check_value, parse_configs, profile_config, progress_bar, repo_root, stage_parser, stage_profile
 from .grading import grade
 from .mas import MASRun, MultiAgentSystem, OfflineTeacher, TeacherConfig
+from .prompts import SYSTEM_STYLES, system_prompt
 from .tasks import Task, load_benchmark
 from .tools import TOOLS, ToolRegistry, Toolbox
 from .world import ToolSizes, tool_sizes, world_toolbox
 
 # %% auto #0
-__all__ = ['Stage', 'SYSTEM_STYLES', 'DISTILL_SUITES', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs',
-           'FilterConfig', 'redundant_inputs', 'complexity', 'quality', 'reflection_enrichment', 'Deduplicate',
-           'default_stages', 'stage_name', 'filter_trajectories', 'system_prompt', 'to_dataset', 'write_card',
-           'save_dataset', 'DistillConfig', 'distill', 'cli_distill']
+__all__ = ['Stage', 'DISTILL_SUITES', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
+           'redundant_inputs', 'complexity', 'quality', 'reflection_enrichment', 'Deduplicate', 'default_stages',
+           'stage_name', 'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'DistillConfig', 'distill',
+           'cli_distill']
 
 # %% ../nbs/05_distill.ipynb #9af4dd4e
 def linearize(run: MASRun, task: Task) -> Trajectory:
@@ -187,27 +188,6 @@ def filter_trajectories(items: Sequence[tuple[Trajectory, Task]], cfg: FilterCon
     return out, table
 
 # %% ../nbs/05_distill.ipynb #e2caa669
-SYSTEM_STYLES = ("full", "brief")
-
-
-def system_prompt(kind: str, registry: ToolRegistry | None = None, style: str = "full") -> str:
-    """The CoA system prompt for a task kind: the roles, the tools offered to that kind (from the registry), and the grammar;
-    `style="brief"` names the tools in one line (a small model's context; the profile's `system_style` key)."""
-    if style not in SYSTEM_STYLES: raise ValueError(f"system prompt style {style!r}: use one of {SYSTEM_STYLES}")
-    registry = registry or TOOLS
-    if style == "brief":
-        return f"Solve the task as a team of agents, each step in its tag. Tools: {', '.join(t.name for t in registry.for_kind(kind))}."
-    tools = registry.describe(registry.for_kind(kind))
-    if kind in ("math", "code"):
-        flow = "Write <plan>, then repeat <think>, <code>, read the <observation>, <reflection>; finish with <think> and <answer>."
-    else:
-        flow = ("Put a <think> before every <plan>, tool call, <reflection>, <suggested_answer> and <double_check>. After "
-                "<suggested_answer> only <double_check> may follow; a double check scores 1-4 and a score of 2 or less needs a "
-                "new <plan>. End with <answer>.")
-    return ("You solve the task by acting as a team of agents in one response, each step in its tag. Tools (the environment "
-            f"answers each call in <observation>):\n{tools}\n{flow}")
-
-
 def to_dataset(trajs: Sequence[Trajectory], registry: ToolRegistry | None = None, system_style: str = "full"):
     "A 🤗 Dataset with `messages` (system, user, assistant) and the trajectory's bookkeeping."
     import datasets
@@ -279,11 +259,7 @@ class DistillConfig:
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "the filter's settings (or a dict of them: the profile's distill_filter)", "cli": False})
 
     def __post_init__(self):
-        for name in ("tasks_per_suite", "workers"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
-        if isinstance(self.world_scale, bool) or not isinstance(self.world_scale, (int, float)) or not 0 < self.world_scale <= 100:
-            raise ValueError(f"world_scale must be a number in (0, 100], got {self.world_scale!r}")
+        check_fields(self, ints={"tasks_per_suite": 1, "workers": 1}, numbers={"world_scale": "(0, 100]"})
         if not self.suites: raise ValueError("suites must name at least one suite")
         if self.system_style not in SYSTEM_STYLES: raise ValueError(f"system_style must be one of {SYSTEM_STYLES}, got {self.system_style!r}")
         for s, n in self.suite_tasks.items():

@@ -9,43 +9,45 @@ import threading
 import time
 import uuid
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .core import progress_bar
-from .llm import ChatBackend, Completion, check_request
+from .core import check_fields, progress_bar
+from .llm import TEMPERATURE, TOP_P, ChatBackend, Completion, check_request
 from .models import chat_prompt_ids
 
 # %% auto #0
-__all__ = ['Pull', 'Done', 'SamplingParams', 'Request', 'Generation', 'Engine', 'drive', 'eos_ids', 'check_fits', 'cut_at_stop',
-           'text_of', 'TransformersEngine', 'EngineBackend', 'BatchingEngine', 'stream_texts', 'ChatMessage',
-           'ChatRequest', 'CompletionRequest', 'completion_body', 'serve_chat', 'OpenAIEngine', 'VLLMEngine',
-           'GenerateEngine', 'bench_generation', 'cli_serve', 'bench_serve']
+__all__ = ['SEEDS', 'GREEDY_BELOW', 'Pull', 'Done', 'SamplingParams', 'Request', 'Generation', 'Engine', 'eos_ids', 'check_fits',
+           'cut_at_stop', 'text_of', 'TransformersEngine', 'EngineBackend', 'BatchingEngine', 'stream_texts',
+           'ChatMessage', 'ChatRequest', 'CompletionRequest', 'completion_body', 'serve_chat', 'OpenAIEngine',
+           'VLLMEngine', 'GenerateEngine', 'bench_generation', 'cli_serve', 'bench_serve']
 
 # %% ../nbs/07_engine.ipynb #28a21fcb
+SEEDS = "[0, 18446744073709551616)"  # what `torch.Generator.manual_seed` takes: an unsigned 64-bit seed
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy: dividing float32 logits by it overflows (1e-45 gave NaNs)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     "How one request is sampled: temperature 0 is greedy; `stop` strings are matched on the decoded text, `stop_token_ids` on ids."
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    max_tokens: int = field(default=256, metadata={"help": "tokens to sample at most"})
+    temperature: float = field(default=1.0, metadata={"help": f"softmax temperature in {TEMPERATURE}; below {GREEDY_BELOW:g}: greedy"})
+    top_p: float = field(default=1.0, metadata={"help": f"nucleus sampling: the smallest set of tokens of this probability, in {TOP_P}"})
+    seed: int = field(default=0, metadata={"help": f"the request's own random stream, in {SEEDS}"})
+    stop: tuple[str, ...] = field(default=(), metadata={"help": "strings that end the generation (matched on the decoded text)"})
+    stop_token_ids: tuple[int, ...] = field(default=(), metadata={"help": "token ids that end the generation"})
 
     def __post_init__(self):
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
-        for name, lo, hi in (("temperature", 0.0, 10.0), ("top_p", 0.0, 1.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (name == "top_p" and v == 0):
-                raise ValueError(f"{name} must be a number in {'(' if name == 'top_p' else '['}{lo}, {hi}], got {v!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int): raise ValueError(f"seed must be an int, got {self.seed!r}")
+        check_fields(self, ints={"max_tokens": 1, "seed": SEEDS}, numbers={"temperature": TEMPERATURE, "top_p": TOP_P})
         if not all(isinstance(s, str) and s for s in self.stop): raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
-        if not all(isinstance(i, int) and i >= 0 for i in self.stop_token_ids):
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids, got {self.stop_token_ids!r}")
+
+    @property
+    def greedy(self) -> bool: return self.temperature < GREEDY_BELOW
 
 
 @dataclass
@@ -64,34 +66,51 @@ class Generation:
     ids: list[int]
     logprobs: list[float]
     finish: str  # "stop" (a stop token, a stop string or end of turn), "length" (max_tokens) or "context" (the context is full)
-    stop: str | None = None  # the stop string or token that ended it
+    stopped_by: str | None = None  # the stop string or token that ended it
     prefilled: int = 0  # prompt tokens run through the model; the rest came from the cache
     retokenized: bool = False  # the ids were rebuilt from text (an endpoint that returns no token ids)
-
-
-@runtime_checkable
-class Engine(Protocol):
-    "Generation over token ids: what the rollout, evaluation and the chat server need from a model."
-    name: str
-    tokenizer: Any
-    context: int
-    def generate(self, requests: Sequence[Request], progress: bool = False) -> list[Generation]: ...
 
 
 Pull = Callable[[bool], "Sequence[Request] | None"]
 Done = Callable[[int, Request, Generation], None]
 
 
-def drive(engine: Engine, pull: Pull, done: Done) -> None:
-    """Generate requests as the caller makes them ready, on any engine. `pull(idle)` returns the requests ready now
-    (`idle`: none is in flight, so it may block until one is), or None when no more will come; `done(index, request,
-    generation)` receives each as it finishes, `index` counting the pulled requests from 0. An engine with a `run`
-    method (`TransformersEngine`) lets requests join the batch in flight at any step; on the others each call of `pull`
-    is generated as one batch."""
-    if hasattr(engine, "run"): return engine.run(pull, done)
-    count = 0
-    while (reqs := pull(True)) is not None:
-        for r, g in zip(reqs, engine.generate(list(reqs)) if reqs else []): done(count, r, g); count += 1
+class Engine:
+    """Generation over token ids: what the rollout, evaluation, RL and the server need from a model. A subclass sets `name`,
+    `tokenizer` and `context` and implements `generate`; `check`, `run`, `forget` and `update_weights` have defaults here."""
+    name: str = "engine"
+    tokenizer: Any = None
+    context: int = 0
+    vocab_size: int | None = None  # when known, `check` refuses ids outside the vocabulary
+
+    def generate(self, requests: Sequence[Request], progress: bool = False) -> list[Generation]:
+        "Generate every request; results in request order."
+        raise NotImplementedError(f"{type(self).__name__} must implement generate")
+
+    def check(self, requests: Sequence[Request]) -> None:
+        "Raise ValueError, naming the request, unless each is a `Request` of token ids (in the vocabulary, when known)."
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request) or not isinstance(r.ids, list) or not r.ids or \
+                    not all(isinstance(t, int) and not isinstance(t, bool) for t in r.ids):
+                raise ValueError(f"requests[{i}] must be a Request with a non-empty list of token ids")
+            if min(r.ids) < 0 or (self.vocab_size is not None and max(r.ids) >= self.vocab_size):
+                raise ValueError(f"requests[{i}] has a token id outside the vocabulary of {self.vocab_size}")
+
+    def run(self, pull: Pull, done: Done) -> None:
+        """Generate requests as the caller makes them ready. `pull(idle)` returns the requests ready now (`idle`: none is in
+        flight, so it may block until one is), or None when no more will come; `done(index, request, generation)` receives
+        each as it finishes, `index` counting the pulled requests from 0. Here each `pull` is generated as one batch;
+        `TransformersEngine` lets requests join the batch in flight at any step."""
+        count = 0
+        while (reqs := pull(True)) is not None:
+            for r, g in zip(reqs, self.generate(list(reqs)) if reqs else []): done(count, r, g); count += 1
+
+    def forget(self, key: Any = None) -> None:
+        "Drop what is cached for `key` (every key when None); an engine without a prefix cache has nothing to drop."
+
+    def update_weights(self, weights) -> None:
+        "Take new weights (a model or a state dict) before the next generation: what RL does after each step."
+        raise NotImplementedError(f"{self.name} cannot take new weights")
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -125,32 +144,27 @@ class _Row:
     def __init__(self, index: int, req: Request, device):
         import torch
         self.index, self.req, self.p = index, req, req.params
-        self.out, self.logprobs, self.finish, self.stop = [], [], None, None
+        self.out, self.logprobs, self.finish, self.stopped_by = [], [], None, None
         self.gen = torch.Generator(device).manual_seed(self.p.seed)
         self.length = len(req.ids)  # tokens in this row's cache once the pending token is fed
         self.prefilled = 0
 
 
-class TransformersEngine:
-    "Batched generation over a transformers causal LM, with continuous batching and a per-key prefix cache."
+class TransformersEngine(Engine):
+    """Batched generation over a transformers causal LM, with continuous batching and a per-key prefix cache. It runs the
+    model where the model is and leaves its mode as it found it (an RL policy stays in training mode between calls)."""
 
-    def __init__(self, model, tokenizer, max_batch: int = 16, device: str = "cpu", max_cached: int = 256):
-        if max_batch < 1: raise ValueError(f"max_batch must be at least 1, got {max_batch!r}")
-        self.model, self.tokenizer, self.device = model.to(device).eval(), tokenizer, device
+    def __init__(self, model, tokenizer, max_batch: int = 16, max_cached: int = 256):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a whole number >= 1, got {max_batch!r}")
+        self.model, self.tokenizer, self.device = model, tokenizer, next(model.parameters()).device
         self.max_batch, self.max_cached = max_batch, max_cached
         self.name = f"transformers:{model.config.name_or_path or model.config.model_type}"
         self.context = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.vocab_size = int(model.config.vocab_size)
         self.eos = eos_ids(model, tokenizer)
         self._prefix: dict[Any, tuple[list[int], list]] = {}
         self._lock = threading.Lock()
-
-    def check(self, requests: Sequence[Request]) -> None:
-        "Raise ValueError, naming the request, unless each is a `Request` of token ids in the vocabulary."
-        for i, r in enumerate(requests):
-            if not isinstance(r, Request) or not isinstance(r.ids, list) or not r.ids or not all(isinstance(t, int) for t in r.ids):
-                raise ValueError(f"requests[{i}] must be a Request with a non-empty list of token ids")
-            if max(r.ids) >= self.model.config.vocab_size or min(r.ids) < 0:
-                raise ValueError(f"requests[{i}] has a token id outside the vocabulary of {self.model.config.vocab_size}")
 
     def generate(self, requests: Sequence[Request], progress: bool = False) -> list[Generation]:
         "Generate every request, at most `max_batch` at a time; results in request order."
@@ -163,11 +177,11 @@ class TransformersEngine:
         return out
 
     def run(self, pull: Pull, done: Done) -> None:
-        """Continuous batching driven by the caller (see `drive`): before every step, the requests `pull` returns wait
+        """Continuous batching driven by the caller (see `Engine.run`): before every step, the requests `pull` returns wait
         for a free row, and join the batch in flight together; `done` is called in this thread as each one finishes."""
         import torch
         active, waiting, count, closed = [], deque(), 0, False
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), _evaluating(self.model):
             batch = None  # (cache layers as [keys, values] lists, mask [B, T], last logits [B, V])
             while True:
                 if not closed:
@@ -195,7 +209,7 @@ class TransformersEngine:
 
     @staticmethod
     def _done(row: _Row, done: Done) -> None:
-        done(row.index, row.req, Generation(row.out, row.logprobs, row.finish, row.stop, row.prefilled))
+        done(row.index, row.req, Generation(row.out, row.logprobs, row.finish, row.stopped_by, row.prefilled))
 
     # --- the batch: per layer [keys, values] of shape [B, H, T, D], a mask [B, T] and the next-token logits [B, V]
 
@@ -273,10 +287,10 @@ class TransformersEngine:
     def _sample(self, active: list[_Row], logits) -> list[_Row]:
         "Draw one token for every row (greedy rows in one batched argmax); the rows that ended."
         import torch
-        temps = torch.tensor([r.p.temperature or 1.0 for r in active], device=logits.device)
+        temps = torch.tensor([1.0 if r.p.greedy else r.p.temperature for r in active], device=logits.device)
         logp = torch.log_softmax(logits / temps[:, None], -1)
         tokens = logp.argmax(-1).tolist()
-        sampled = [k for k, row in enumerate(active) if row.p.temperature > 0]
+        sampled = [k for k, row in enumerate(active) if not row.p.greedy]
         if sampled:  # inverse-CDF sampling, one uniform per row from the row's own generator
             probs = logp[sampled].exp()
             for j, k in enumerate(sampled):
@@ -294,8 +308,8 @@ class TransformersEngine:
             row.out.append(t); row.logprobs.append(lp)
             if row.req.on_token is not None: row.req.on_token(t)
             if t in self.eos or t in p.stop_token_ids:
-                row.finish, row.stop = "stop", self.tokenizer.convert_ids_to_tokens(t)
-            elif p.stop and (s := self._stop_string(row)) is not None: row.finish, row.stop = "stop", s
+                row.finish, row.stopped_by = "stop", self.tokenizer.convert_ids_to_tokens(t)
+            elif p.stop and (s := self._stop_string(row)) is not None: row.finish, row.stopped_by = "stop", s
             elif len(row.out) >= p.max_tokens: row.finish = "length"
             elif len(row.req.ids) + len(row.out) >= self.context: row.finish = "context"
             if row.finish: done.append(row)
@@ -320,6 +334,24 @@ class TransformersEngine:
         "Drop the cached prefix of `key` (of every key when None)."
         if key is None: self._prefix.clear()
         else: self._prefix.pop(key, None)
+
+    def update_weights(self, weights) -> None:
+        """Take new weights: the engine's own model object (in-process RL: it already holds them) or a state dict loaded
+        into it. Either way every cached prefix is dropped: it was computed with the old weights."""
+        import torch
+        with self._lock:
+            if weights is not self.model:
+                self.model.load_state_dict(weights.state_dict() if isinstance(weights, torch.nn.Module) else weights)
+            self._prefix.clear()
+
+
+@contextmanager
+def _evaluating(model):
+    "The model in eval mode inside the block, back in the mode it was in after it."
+    was = model.training
+    model.eval()
+    try: yield model
+    finally: model.train(was)
 
 # %% ../nbs/07_engine.ipynb #ccbd9f32
 class EngineBackend:
@@ -348,14 +380,15 @@ class EngineBackend:
         return Completion(text, len(ids), len(g.ids), time.perf_counter() - t0, self.name, finish)
 
 # %% ../nbs/07_engine.ipynb #4a5154a8
-class BatchingEngine:
+class BatchingEngine(Engine):
     """An engine whose concurrent `generate` calls, from any threads, share one continuous batch of the engine it wraps
-    (one with `run`): a call's requests join the batch in flight at its next step."""
+    (through its `run`): a call's requests join the batch in flight at its next step."""
 
     def __init__(self, engine: Engine):
         import queue
-        if not hasattr(engine, "run"): raise TypeError(f"BatchingEngine needs an engine with `run`, got {type(engine).__name__}")
+        if not isinstance(engine, Engine): raise TypeError(f"BatchingEngine needs an Engine, got {type(engine).__name__}")
         self.engine, self.name, self.tokenizer, self.context = engine, engine.name, engine.tokenizer, engine.context
+        self.vocab_size = engine.vocab_size
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, daemon=True, name="afm-batching-engine").start()
 
@@ -580,7 +613,7 @@ def serve_chat(backend: ChatBackend):
     return app
 
 # %% ../nbs/07_engine.ipynb #37761023
-class OpenAIEngine:
+class OpenAIEngine(Engine):
     """Any OpenAI-compatible completions endpoint (`afm serve model`, `vllm serve`, a hosted one) behind `Engine`: prompt
     ids in; the sampled ids back when the server returns them (`return_token_ids`), else its text re-tokenised
     (`token_ids=False` asks for text only, as most hosted endpoints give)."""
@@ -624,7 +657,7 @@ class OpenAIEngine:
         return Generation(list(ids), lps, finish, None, len(r.ids), retok)
 
 # %% ../nbs/07_engine.ipynb #9dfe02da
-class VLLMEngine:
+class VLLMEngine(Engine):
     "vLLM's offline engine behind `Engine` (GPUs, the `gpu` extra); keyword arguments go to `vllm.LLM`."
 
     def __init__(self, model: str, **kwargs):
@@ -655,11 +688,11 @@ class VLLMEngine:
         return gens
 
 # %% ../nbs/07_engine.ipynb #335fea56
-class GenerateEngine:
+class GenerateEngine(Engine):
     "Requests answered by one padded `model.generate` call per batch of `max_batch` (the baseline of the benchmarks)."
 
     def __init__(self, model, tokenizer, max_batch: int = 16):
-        self.model, self.tokenizer, self.max_batch = model.eval(), tokenizer, max_batch
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
         self.name, self.context = f"generate:{model.config.name_or_path}", int(model.config.max_position_embeddings)
         self.eos = eos_ids(model, tokenizer)
 
@@ -672,9 +705,9 @@ class GenerateEngine:
             ids = torch.tensor([[self.tokenizer.pad_token_id] * (width - len(r.ids)) + r.ids for r in part])
             mask = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in part])
             stops = set(p.stop_token_ids) | self.eos
-            with torch.inference_mode():
+            with torch.inference_mode(), _evaluating(self.model):
                 seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=min(p.max_tokens, self.context - width),
-                                           do_sample=p.temperature > 0, temperature=p.temperature or None, top_p=p.top_p,
+                                           do_sample=not p.greedy, temperature=None if p.greedy else p.temperature, top_p=p.top_p,
                                            eos_token_id=sorted(stops), pad_token_id=self.tokenizer.pad_token_id,
                                            stop_strings=list(p.stop) or None, tokenizer=self.tokenizer)[:, width:].tolist()
             for r, row in zip(part, seqs):

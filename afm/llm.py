@@ -17,11 +17,13 @@ from typing import Protocol, Sequence, runtime_checkable
 import httpx
 import tenacity
 
+from .core import check_range
+
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'RETRY_STATUS', 'Completion', 'ChatBackend', 'BackendError', 'check_request', 'count_tokens', 'Endpoint',
-           'retryable', 'LLMClient', 'serve_in_thread']
+__all__ = ['log', 'TEMPERATURE', 'TOP_P', 'RETRY_STATUS', 'Completion', 'ChatBackend', 'BackendError', 'check_request',
+           'count_tokens', 'Endpoint', 'retryable', 'LLMClient', 'serve_in_thread']
 
 # %% ../nbs/01_llm.ipynb #32bdd122
 @dataclass
@@ -48,6 +50,9 @@ class BackendError(RuntimeError):
     "A chat backend gave no completion; the message names the endpoint(s) and the last error."
 
 
+TEMPERATURE, TOP_P = "[0, 2]", "(0, 1]"  # the OpenAI API's ranges: every sampler, endpoint and config here checks these
+
+
 def check_request(messages: list[dict], max_tokens: int, temperature: float, stop: list[str] | None) -> None:
     "Raise ValueError naming the first malformed argument of a `complete` call."
     if not isinstance(messages, list) or not messages:
@@ -55,10 +60,8 @@ def check_request(messages: list[dict], max_tokens: int, temperature: float, sto
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r:.80}")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-        raise ValueError(f"temperature must be between 0 and 2, got {temperature!r}")
+    check_range("max_tokens", max_tokens, 1, whole=True)
+    check_range("temperature", temperature, TEMPERATURE)
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
         raise ValueError(f"stop must be a list of non-empty strings, got {stop!r:.80}")
 

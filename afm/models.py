@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .coa import TAGS, TagRegistry, Trajectory, render
-from .core import cache_dir, package_dir
+from .coa import TagRegistry, Trajectory, neutral, render, tag_words
+from .core import cache_dir, check_fields, package_dir
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'IM_START', 'IM_END', 'PAD', 'SMOL_NAME', 'SMOL_GGUF', 'SMOL_SYSTEM', 'HUB_MODELS', 'LOCAL_MODELS',
-           'chatml_template', 'tag_tokens', 'TinyConfig', 'tiny_texts', 'train_tokenizer', 'tiny_model', 'save_model',
-           'build_tiny', 'tiny_chat_model', 'adds_prefix_space', 'decode', 'chat_prompt_ids', 'smol_gguf',
+           'chatml_template', 'TinyConfig', 'tiny_texts', 'train_tokenizer', 'tiny_model', 'save_model', 'build_tiny',
+           'tiny_chat_model', 'adds_prefix_space', 'decode', 'control_tokens', 'chat_prompt_ids', 'smol_gguf',
            'convert_smol', 'tiny_config', 'model_path', 'load']
 
 # %% ../nbs/06_models.ipynb #7ebc7af4
@@ -40,10 +40,6 @@ def chatml_template(default_system: str | None = None) -> str:
             "\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '" + IM_START + "assistant\\n' }}{% endif %}")
 
 
-def tag_tokens(tags: TagRegistry | None = None) -> list[str]:
-    "Every CoA tag, opening and closing: the tokens `tiny` adds to its vocabulary."
-    return [s for t in (TAGS if tags is None else tags) for s in (t.open, t.close)]
-
 # %% ../nbs/06_models.ipynb #d730a9b2
 @dataclass(frozen=True)
 class TinyConfig:
@@ -57,9 +53,7 @@ class TinyConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name, value in asdict(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "seed" else 1):
-                raise ValueError(f"TinyConfig.{name} must be a positive integer, got {value!r}")
+        check_fields(self, ints={**dict.fromkeys(asdict(self), 1), "seed": 0})
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"TinyConfig: hidden_size {self.hidden_size} must divide into heads {self.heads}, "
                              f"and heads into kv_heads {self.kv_heads}")
@@ -86,7 +80,7 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = 2000, tags: TagRegis
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    specials, tag_list = [PAD, IM_START, IM_END], tag_tokens(tags)
+    specials, tag_list = [PAD, IM_START, IM_END], tag_words(tags)  # every tag one token
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + tag_list, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator((_TAG_TEXT.sub("\n", t) for t in texts), trainer)  # tags are tokens already: no merges for them
@@ -167,8 +161,17 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
     return "".join(out)
 
 
+def control_tokens(tokenizer) -> list[str]:
+    "The tokenizer's special tokens (end of turn, role markers, padding): what no text from a row, a tool or a client may become."
+    return sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | set(tokenizer.all_special_tokens))
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    "The ids of `messages` under the tokenizer's chat template, up to the start of the assistant's turn (rollout, SFT and serving)."
+    """The ids of `messages` under the tokenizer's chat template, up to the start of the assistant's turn (rollout, SFT and
+    serving). Control tokens written inside a message are neutralised first (`afm.coa.neutral`): a message cannot end its
+    turn or open another role's."""
+    words = control_tokens(tokenizer)
+    messages = [{**m, "content": neutral(m["content"], words)} if isinstance(m.get("content"), str) else m for m in messages]
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 # %% ../nbs/06_models.ipynb #791cd47f

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from .core import check_range
 from .tools import BadInput, ToolContext, ToolTimeout, tool
 
 log = logging.getLogger(__name__)
@@ -194,15 +195,9 @@ def _check_args(code: object, stdin: object, timeout_s: object, memory_mb: objec
     for name, value in (("code", code), ("stdin", stdin)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise TypeError(f"timeout_s must be a number of seconds, not {type(timeout_s).__name__}")
-    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
-        raise ValueError(f"timeout_s must be more than 0 and at most {MAX_TIMEOUT_S:g} s, not {timeout_s!r}")
-    for name, value, low in (("memory_mb", memory_mb, MIN_MEMORY_MB), ("max_output_chars", max_output_chars, 1)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if value < low:
-            raise ValueError(f"{name} must be at least {low}, not {value}")
+    check_range("timeout_s", timeout_s, f"(0, {MAX_TIMEOUT_S:g}]")
+    check_range("memory_mb", memory_mb, MIN_MEMORY_MB, whole=True)
+    check_range("max_output_chars", max_output_chars, 1, whole=True)
 
 
 def _isolation() -> tuple[str, str]:

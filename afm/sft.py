@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from .coa import IGNORE_INDEX, TAGS, TagRegistry, check, encode_segments, parse, segments
-from .core import read_rows
-from .models import chat_prompt_ids, decode, tag_tokens
+from .coa import IGNORE_INDEX, TAGS, TagRegistry, check, encode_segments, neutral, parse, segments, tag_words
+from .core import check_fields, read_rows
+from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
 __all__ = ['SEGMENT_ATTENTION', 'ELAPSED', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example',
@@ -73,7 +73,7 @@ def conversation(row: Any, where: str) -> tuple[str | None, str, str]:
 # %% ../nbs/09_sft.ipynb #36998105
 def check_tokenizer(tokenizer, tags: TagRegistry | None = None, plain_tags: bool = False) -> None:
     "Raise ValueError, naming the tags, unless `tokenizer` can train on CoA text (see above), has an end-of-turn token and a chat template."
-    name, texts = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__, tag_tokens(tags)
+    name, texts = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__, tag_words(tags)
     if plain_tags:
         bad = [x for x in texts if decode(tokenizer, tokenizer(x, add_special_tokens=False)["input_ids"]) != x]
         if bad: raise ValueError(f"tokenizer {name}: the tags {', '.join(bad[:6])} do not survive encoding and decoding")
@@ -81,7 +81,7 @@ def check_tokenizer(tokenizer, tags: TagRegistry | None = None, plain_tags: bool
         bad = [x for x in texts if len(tokenizer(x, add_special_tokens=False)["input_ids"]) != 1]
         if bad:
             raise ValueError(f"tokenizer {name} lacks the CoA tags {', '.join(bad[:6])}{' …' if len(bad) > 6 else ''} as tokens; "
-                             "use a tokenizer built with afm.models.tag_tokens, or plain_tags=True for a pretrained one")
+                             "use a tokenizer built with afm.models.train_tokenizer, or plain_tags=True for a pretrained one")
     if tokenizer.eos_token is None: raise ValueError(f"tokenizer {name} has no end-of-turn (eos) token")
     if not getattr(tokenizer, "chat_template", None): raise ValueError(f"tokenizer {name} has no chat template")
 
@@ -98,7 +98,8 @@ def sft_example(tokenizer, system: str | None, user: str, assistant: str, mask_o
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
     prompt = chat_prompt_ids(tokenizer, messages)
     pieces = segments(traj, tags) if mask_observations else [(t, True) for t, _ in segments(traj, tags)]
-    enc = encode_segments([*pieces, (tokenizer.eos_token, True)], tokenizer)
+    controls = control_tokens(tokenizer)  # a row's text never becomes a control token: no end of turn mid-row
+    enc = encode_segments([*((neutral(t, controls), trained) for t, trained in pieces), (tokenizer.eos_token, True)], tokenizer)
     return prompt + enc.input_ids, [IGNORE_INDEX] * len(prompt) + enc.labels
 
 
@@ -195,17 +196,10 @@ class SFTArgs:
     seed: int = field(default=0, metadata={"help": "seed of the split, the data order and the initialisation"})
 
     def __post_init__(self):
-        for name in ("batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "eval_steps", "save_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"SFTArgs.{name} must be a whole number >= 1, got {v!r}")
-        for name, lo, hi in (("epochs", 0.0, 1e4), ("learning_rate", 0.0, 1.0), ("warmup", 0.0, 0.99), ("val_fraction", 0.0, 0.5),
-                             ("weight_decay", 0.0, 10.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                raise ValueError(f"SFTArgs.{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
-        for name in ("max_steps", "copy_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool): raise ValueError(f"SFTArgs.{name} must be a whole number, got {v!r}")
+        check_fields(self, ints={**dict.fromkeys(("batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "eval_steps", "save_steps"), 1),
+                                 "max_steps": "[-1, inf)", "copy_steps": 0},
+                     numbers={"epochs": "[0, 10000]", "learning_rate": "[0, 1]", "warmup": "[0, 0.99]", "val_fraction": "[0, 0.5]",
+                              "weight_decay": "[0, 10]"})
         if self.max_steps <= 0 and self.epochs <= 0: raise ValueError("SFTArgs: set epochs > 0 or max_steps > 0")
         if self.early_stopping and self.save_steps % self.eval_steps:
             raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of eval_steps ({self.eval_steps})")
@@ -396,7 +390,7 @@ def prefix_example(tokenizer, system: str | None, user: str, assistant: str, tag
     if len(pieces) < 2: return "no tool call"
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
     prompt = chat_prompt_ids(tokenizer, messages)
-    enc = encode_segments(pieces[:1], tokenizer)  # the first piece ends with the first tool call's closing tag
+    enc = encode_segments([(neutral(pieces[0][0], control_tokens(tokenizer)), True)], tokenizer)  # ends with the first tool call's closing tag
     return prompt + enc.input_ids, [IGNORE_INDEX] * len(prompt) + enc.labels
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from .coa import TAGS, Tag, TagRegistry
+from .core import check_fields
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +116,9 @@ class ToolHealth:
     "Per-tool call counts by status, and a circuit breaker over the last `window` calls that recovers after a cool-down."
 
     def __init__(self, window: int = 50, max_failure_rate: float = 0.5, min_calls: int = 10, cooldown_s: float = 30.0):
-        for name, v in (("window", window), ("min_calls", min_calls)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
-        if min_calls > window: raise ValueError(f"min_calls ({min_calls}) must not exceed window ({window}): the breaker could never trip")
-        if not 0 < max_failure_rate <= 1: raise ValueError(f"max_failure_rate must be in (0, 1], got {max_failure_rate}")
-        if not cooldown_s >= 0: raise ValueError(f"cooldown_s must be >= 0, got {cooldown_s}")
         self.window, self.max_failure_rate, self.min_calls, self.cooldown_s = window, max_failure_rate, min_calls, cooldown_s
+        check_fields(self, ints={"window": 1, "min_calls": 1}, numbers={"max_failure_rate": "(0, 1]", "cooldown_s": "[0, inf)"}, label="")
+        if min_calls > window: raise ValueError(f"min_calls ({min_calls}) must not exceed window ({window}): the breaker could never trip")
         self.counts: dict[str, Counter] = {}
         self._recent: dict[str, deque] = {}
         self._opened: dict[str, float] = {}  # tool -> when its breaker opened

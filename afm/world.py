@@ -12,7 +12,7 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from .core import progress_bar
+from .core import check_fields, progress_bar
 from .search import Document, normalize_url, sentences
 from .tasks import SPLITS, Task, register_benchmark
 
@@ -603,8 +603,7 @@ class ToolSizes:
     summary_chars: int = field(default=700, metadata={"help": "length of a page summary (crawl_page)"})
 
     def __post_init__(self):
-        for name, v in asdict(self).items():
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"ToolSizes.{name} must be a whole number >= 1, got {v!r}")
+        check_fields(self, ints=dict.fromkeys(asdict(self), 1))
 
     @classmethod
     def of(cls, box) -> ToolSizes:

@@ -17,7 +17,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 def tiny_folder(tmp_path_factory):
     "What `afm sft` saves: a tiny model fine-tuned with LoRA for two steps on the worked CoA examples, the adapters merged."
     from afm.coa import examples, render
-    from afm.distill import system_prompt
+    from afm.prompts import system_prompt
     from afm.models import build_tiny, TinyConfig, tiny_texts
     from afm.sft import SFTArgs, train_sft
     tmp = tmp_path_factory.mktemp("m")

@@ -18,7 +18,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 def setup(tmp_path_factory):
     "A small tiny model folder, rows of the worked examples in the distilled layout, and a profile of its own."
     from afm.coa import examples, render
-    from afm.distill import system_prompt
+    from afm.prompts import system_prompt
     from afm.models import save_model, tiny_chat_model
     tmp = tmp_path_factory.mktemp("sft")
     save_model(*tiny_chat_model(), tmp / "model")
@@ -81,7 +81,7 @@ def test_two_processes_end_with_the_same_weights(setup):
 
 @pytest.mark.parametrize("args, says", [
     (["--data", "/nonexistent/rows"], "/nonexistent/rows: no such SFT data"),
-    (["--batch_size", "0"], "batch_size must be a whole number >= 1"),
+    (["--batch_size", "0"], "batch_size must be a whole number in [1, inf)"),
 ])
 def test_bad_input_is_one_clear_line(setup, args, says):
     r = subprocess.run([*_cmd(setup, setup / "bad"), *args], capture_output=True, text=True, env=ENV, timeout=120)
