@@ -15,7 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
-from afm.engine import EngineBackend, TransformersEngine, serve_chat
+from afm.engine import EngineBackend, TransformersEngine
+from afm.serve import serve_chat
 from afm.mas import ROLE_PROMPTS
 from afm.models import tiny_chat_model
 
