@@ -661,6 +661,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                            'afm.tools.ToolSession._done': ('tools.html#toolsession._done', 'afm/tools.py'),
                            'afm.tools.ToolSession._limit': ('tools.html#toolsession._limit', 'afm/tools.py'),
                            'afm.tools.ToolSession._run': ('tools.html#toolsession._run', 'afm/tools.py'),
+                           'afm.tools.ToolSession._run_within': ('tools.html#toolsession._run_within', 'afm/tools.py'),
                            'afm.tools.ToolSession.acall': ('tools.html#toolsession.acall', 'afm/tools.py'),
                            'afm.tools.ToolSession.call': ('tools.html#toolsession.call', 'afm/tools.py'),
                            'afm.tools.ToolTimeout': ('tools.html#tooltimeout', 'afm/tools.py'),

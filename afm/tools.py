@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from .coa import TAGS, Tag, TagRegistry
-from .core import check_fields
+from .core import check_fields, check_range
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'CACHE_MODES', 'CACHED_STATUSES', 'STATUSES', 'TOOLS', 'C', 'ToolError', 'ToolTimeout', 'BadInput',
-           'ReplayMiss', 'ToolCache', 'ToolBroken', 'ToolHealth', 'Tool', 'normalize_query', 'ToolRegistry', 'tool',
-           'ToolResult', 'Toolbox', 'ToolContext', 'ToolSession']
+__all__ = ['log', 'CACHE_MODES', 'CACHED_STATUSES', 'STATUSES', 'TOOL_TIMEOUT', 'TOOLS', 'C', 'ToolError', 'ToolTimeout',
+           'BadInput', 'ReplayMiss', 'ToolCache', 'ToolBroken', 'ToolHealth', 'Tool', 'normalize_query', 'ToolRegistry',
+           'tool', 'ToolResult', 'Toolbox', 'ToolContext', 'ToolSession']
 
 # %% ../nbs/02_tools.ipynb #55c50f00
 class ToolError(Exception):
@@ -106,6 +106,7 @@ class ToolCache:
 
 # %% ../nbs/02_tools.ipynb #a71eb7c5
 STATUSES = ("ok", "tool_error", "timeout", "bad_input")
+TOOL_TIMEOUT = "(0, 86400]"  # the seconds a caller may give one tool call (`ToolSession.call`, the rollout's `tool_timeout_s`)
 
 
 class ToolBroken(RuntimeError):
@@ -325,9 +326,11 @@ class ToolSession:
         self.results: list[ToolResult] = []
         self.calls: Counter = Counter()
 
-    def call(self, name: str, text: str) -> ToolResult:
-        "Run tool `name` on `text`; every failure comes back as an observation, only `ToolBroken` and `ReplayMiss` raise."
+    def call(self, name: str, text: str, timeout_s: float | None = None) -> ToolResult:
+        """Run tool `name` on `text`, giving up on it after `timeout_s` seconds when set; every failure comes back as an
+        observation, only `ToolBroken` and `ReplayMiss` raise."""
         t0, reg = time.perf_counter(), self.box.registry
+        if timeout_s is not None: check_range("timeout_s", timeout_s, TOOL_TIMEOUT)
         if name not in reg:
             return self._done(ToolResult(str(name), str(text), f"[FAILED] Unknown tool <{name}>; available: {', '.join(reg.names())}.",
                                          "bad_input"), t0, count=False)
@@ -350,7 +353,7 @@ class ToolSession:
         if cached is not None:
             return self._done(ToolResult(name, text, cached[1], cached[0], cached=True), t0)
         self.box.health.check(name)  # a broken tool stops the run here; recorded answers above are still served
-        obs, status = self._run(t, text)
+        obs, status = self._run(t, text) if timeout_s is None else self._run_within(t, text, timeout_s)
         if self.box.cache is not None and status in CACHED_STATUSES: self.box.cache.put(name, key, status, obs)
         return self._done(ToolResult(name, text, obs, status), t0)
 
@@ -362,14 +365,24 @@ class ToolSession:
         return None
 
     def _run(self, t: Tool, text: str) -> tuple[str, str]:
-        "The tool's observation and status; its failures classified."
-        try: return t.fn(text, self.ctx), "ok"
+        "The tool's observation and status: its failures classified, and anything but text it returns counted as its error."
+        try: out = t.fn(text, self.ctx)
         except BadInput as e: return f"[FAILED] {e}", "bad_input"
         except ToolTimeout as e: return f"[FAILED] {e}", "timeout"
         except ToolError as e: return f"[FAILED] {e}", "tool_error"
-        except Exception as e:  # a bug in a tool must still reach the model as text and be counted
+        except KeyboardInterrupt: raise  # the person running the job stops it; that is not the tool failing
+        except BaseException as e:  # a bug in a tool (even a SystemExit) must still reach the model as text and be counted
             log.exception("tool %s crashed on %r", t.name, text[:200])
             return f"[FAILED] {t.name} crashed: {type(e).__name__}: {e}", "tool_error"
+        if not isinstance(out, str): return f"[FAILED] {t.name} returned {type(out).__name__} instead of text", "tool_error"
+        return out, "ok"
+
+    def _run_within(self, t: Tool, text: str, timeout_s: float) -> tuple[str, str]:
+        "`_run` in a daemon thread of its own, given up after `timeout_s`: a hung tool keeps its thread, never the caller."
+        out: list[tuple[str, str]] = []
+        worker = threading.Thread(target=lambda: out.append(self._run(t, text)), name=f"tool {t.name}", daemon=True)
+        worker.start(); worker.join(timeout_s)
+        return out[0] if out else (f"[FAILED] {t.name} did not answer within {timeout_s:g} s", "timeout")
 
     def _done(self, r: ToolResult, t0: float, count: bool = True) -> ToolResult:
         r.seconds = time.perf_counter() - t0

@@ -162,3 +162,57 @@ def test_deep_nesting_in_a_row_is_a_value_error_naming_it(tmp_path):
     for _ in range(100_000): nested = [nested]
     with pytest.raises(ValueError, match="meta"):
         Task("demo/1", "q?", ["a"], "qa", "demo", meta={"x": nested})
+
+
+def _one_tool_box(fn, **kwargs):
+    from afm.coa import TAGS, TagRegistry
+    from afm.tools import Tool, ToolRegistry
+    return Toolbox(registry=ToolRegistry(TagRegistry(TAGS), tools=[Tool("rude", fn, "a tool that misbehaves", **kwargs)]))
+
+
+@pytest.mark.parametrize("result", [None, 42, 1.5, ["a"], b"raw bytes", {"k": "v"}, ("t",)])
+def test_a_result_that_is_not_text_is_the_tools_error(result):
+    box = _one_tool_box(lambda text, ctx: result)
+    r = box.session("q").call("rude", "x")
+    assert r.status == "tool_error" and r.observation == f"[FAILED] rude returned {type(result).__name__} instead of text"
+    assert box.health.table()["rude"]["tool_error"] == 1
+
+
+class _Escape(BaseException):
+    "Not an Exception."
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), _Escape("out of here"), GeneratorExit(), RecursionError("deep")])
+def test_anything_a_tool_raises_is_an_observation(exc):
+    def fn(text, ctx): raise exc
+    box = _one_tool_box(fn)
+    for timeout_s in (None, 5.0):  # in the caller's thread and in a thread of its own
+        r = box.session("q").call("rude", "x", timeout_s=timeout_s)
+        assert r.status == "tool_error" and r.observation.startswith(f"[FAILED] rude crashed: {type(exc).__name__}")
+
+
+def test_ctrl_c_still_stops_the_caller():
+    def fn(text, ctx): raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt): _one_tool_box(fn).session("q").call("rude", "x")
+
+
+@pytest.mark.parametrize("hang", ["sleeps", "forever"])
+def test_a_hung_tool_costs_its_caller_the_timeout_and_counts_once(hang):
+    fn = (lambda text, ctx: time.sleep(60) or "late") if hang == "sleeps" else (lambda text, ctx: threading.Event().wait())
+    box = _one_tool_box(fn)
+    t0 = time.perf_counter()
+    r = box.session("q").call("rude", "x", timeout_s=0.5)
+    assert time.perf_counter() - t0 < 2.0
+    assert r.status == "timeout" and r.observation == "[FAILED] rude did not answer within 0.5 s"
+    assert box.health.table()["rude"] == {"ok": 0, "tool_error": 0, "timeout": 1, "bad_input": 0}
+
+
+def test_a_hung_program_is_the_inputs_timeout_not_the_tools():
+    box = _one_tool_box(lambda text, ctx: time.sleep(60) or "late", input_timeouts=True)
+    assert box.session("q").call("rude", "x", timeout_s=0.3).status == "timeout"
+    assert box.health.failure_rate("rude") == 0.0  # the breaker does not count the model's slow program
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), 1e9, "5", True])
+def test_a_bad_timeout_is_refused_naming_it(timeout_s):
+    with pytest.raises(ValueError, match="timeout_s"): _one_tool_box(lambda t, c: "ok").session("q").call("rude", "x", timeout_s=timeout_s)
