@@ -19,9 +19,9 @@ from typing import Any, Iterable, Iterator
 
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'package_dir', 'package_file', 'read_rows',
-           'progress_bar', 'repo_root', 'data_dir', 'load_profiles', 'load_profile', 'check_value', 'profile_config',
-           'config_parser', 'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range',
-           'check_fields']
+           'progress_bar', 'repo_root', 'data_dir', 'settings_path', 'load_profiles', 'load_profile', 'check_value',
+           'check_keys', 'profile_config', 'config_parser', 'parse_configs', 'stage_parser', 'stage_profile',
+           'FieldTypeError', 'check_range', 'check_fields']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -165,9 +165,15 @@ def _value(raw: str) -> Any:
     except (ValueError, SyntaxError): return raw.strip()
 
 
+def settings_path(path: Path | str | None = None) -> Path:
+    """The profiles file: `path`, else `$AFM_SETTINGS` (what `afm run --settings` hands its chapters), else the
+    repository's `settings.ini`."""
+    return Path(path or os.environ.get("AFM_SETTINGS") or repo_root() / "settings.ini")
+
+
 def load_profiles(path: Path | str | None = None) -> dict[str, dict[str, Any]]:
-    "Every profile in `settings.ini` (default: the repository's), `[DEFAULT]` keys merged into each."
-    path = Path(path) if path else repo_root() / "settings.ini"
+    "Every profile in the profiles file (`settings_path(path)`), `[DEFAULT]` keys merged into each."
+    path = settings_path(path)
     if not path.is_file(): raise FileNotFoundError(f"no settings file at {path}")
     cp = configparser.ConfigParser(interpolation=None)
     cp.optionxform = str  # keep key case
@@ -197,9 +203,24 @@ def check_value(cls: type, name: str, value: Any, where: str) -> Any:
     return float(value) if kind is float else value
 
 
-def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str = "settings.ini", **overrides):
-    "An instance of config dataclass `cls` with the fields that `profile` sets as `<prefix><field>` (type-checked), then `overrides`."
+def check_keys(keys: Iterable[str], allowed: Iterable[str], where: str, what: str = "") -> None:
+    "A ValueError naming each of `keys` not in `allowed`, with the nearest allowed key (a typo's likely intent) and `what` they may be."
+    import difflib
+    allowed = sorted(set(allowed))
+    bad = [k for k in keys if k not in allowed]
+    def hint(k):
+        near = difflib.get_close_matches(k, allowed, n=1, cutoff=0.6)
+        return repr(k) + (f" (did you mean {near[0]!r}?)" if near else "")
+    if bad: raise ValueError(f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(hint, bad))}" + (f"; {what}" if what else ""))
+
+
+def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str = "settings.ini", known: Iterable[str] = (),
+                   **overrides):
+    """An instance of config dataclass `cls` with the fields that `profile` sets as `<prefix><field>` (type-checked), then
+    `overrides`. Any other `<prefix>*` key is an error unless it is in `known` (keys the chapter reads itself)."""
     names = {f.name for f in dataclasses.fields(cls)}
+    check_keys([k for k in profile if k.startswith(prefix)], [prefix + n for n in names] + list(known), where,
+               f"`{prefix}*` keys are the fields of {cls.__name__}" + (" and the chapter's own parameters" if known else ""))
     values = {k.removeprefix(prefix): check_value(cls, k.removeprefix(prefix), v, f"{where}: {k}")
               for k, v in profile.items() if k.startswith(prefix) and k.removeprefix(prefix) in names}
     try: return cls(**{**values, **overrides})
@@ -244,7 +265,7 @@ def stage_parser(prog: str, description: str, *configs: type, options: dict[str,
 def stage_profile(pre, argv: list[str] | None) -> tuple[Any, dict[str, Any], str]:
     "The shared options of `argv`, the profile they name, and where that profile is (for messages)."
     known, _ = pre.parse_known_args(argv)
-    return known, load_profile(known.profile, known.settings), f"{known.settings or repo_root() / 'settings.ini'} [{known.profile}]"
+    return known, load_profile(known.profile, known.settings), f"{settings_path(known.settings)} [{known.profile}]"
 
 # %% ../nbs/00a_core.ipynb #6779df41
 class FieldTypeError(TypeError, ValueError):
