@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from importlib import metadata
 
@@ -73,4 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if fn is None:
         print(f"afm {a.command}: afm.{ch.module} does not provide `cli_{a.command}` yet", file=sys.stderr)
         return 2
-    return int(fn(rest) or 0)
+    try: return int(fn(rest) or 0)
+    except (ValueError, OSError) as e:  # a bad input (a model folder, a file, a setting) named by its message: one line
+        if os.environ.get("AFM_DEBUG") == "1": raise
+        print(f"afm {a.command}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1

@@ -165,10 +165,10 @@ def _value(raw: str) -> Any:
     except (ValueError, SyntaxError): return raw.strip()
 
 
-def settings_path(path: Path | str | None = None) -> Path:
+def settings_path(path: Path | str | None = None, root: Path | str | None = None) -> Path:
     """The profiles file: `path`, else `$AFM_SETTINGS` (what `afm run --settings` hands its chapters), else the
-    repository's `settings.ini`."""
-    return Path(path or os.environ.get("AFM_SETTINGS") or repo_root() / "settings.ini")
+    repository's `settings.ini` (the repository at or above `root`)."""
+    return Path(path or os.environ.get("AFM_SETTINGS") or repo_root(root) / "settings.ini")
 
 
 def load_profiles(path: Path | str | None = None) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .coa import Accounting, Step, Trajectory, check, counts, render
-from .core import check_fields, check_value, parse_configs, profile_config, progress_bar, repo_root, stage_parser, stage_profile
+from .core import check_fields, check_value, data_dir, parse_configs, profile_config, progress_bar, stage_parser, stage_profile
 from .grading import grade
 from .mas import MASRun, MultiAgentSystem, OfflineTeacher, TeacherConfig
 from .prompts import SYSTEM_STYLES, system_prompt
@@ -335,7 +335,7 @@ def cli_distill(argv: list[str] | None = None) -> int:
             client = LLMClient.from_env("AFM_TEACHER")
             if client is None: raise ValueError("--brain openai needs AFM_TEACHER_BASE_URL (and AFM_TEACHER_MODEL, AFM_TEACHER_API_KEY)")
             brain = LLMBrain(client)
-        out = Path(a.out) if a.out else repo_root() / "data" / "distill" / a.profile
+        out = Path(a.out) if a.out else data_dir("distill", a.profile)
         stats = distill(out, cfg, brain)
     except Exception as e:  # the message names what failed: a profile, an endpoint after its retries, a broken tool
         print(f"afm distill: {type(e).__name__}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)

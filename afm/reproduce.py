@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -18,11 +20,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import CHAPTERS, Chapter, load_profile, load_profiles, repo_root
+from .core import CHAPTERS, Chapter, check_keys, load_profile, load_profiles, repo_root, settings_path
 
 # %% auto #0
-__all__ = ['PACKAGES', 'QUIET_KERNEL', 'pipeline_chapters', 'select_chapters', 'versions', 'machine', 'library_sha256',
-           'chapter_parameters', 'run_chapter', 'run', 'write_reports', 'cli_run']
+__all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'INJECTED', 'PACKAGES', 'QUIET_KERNEL', 'pipeline_chapters', 'select_chapters',
+           'profile_keys', 'check_profile', 'versions', 'machine', 'library_sha256', 'chapter_parameters',
+           'run_chapter', 'run', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -37,6 +40,29 @@ def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) 
     if missing: raise ValueError(f"no chapter {missing} in the pipeline; it has {', '.join(c.notebook for c, _ in chapters)}")
     wanted = {known[n] for n in names}
     return [(c, p) for c, p in chapters if c in wanted]
+
+# %% ../nbs/12_reproduce.ipynb #7e87bb8f
+PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
+                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"))  # prefix, module, config
+SHARED_KEYS = ("description", "model", "engine", "seed")  # read by several stages and commands; no chapter declares them
+INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
+
+
+def profile_keys(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> set[str]:
+    "Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of `PROFILE_CONFIGS`, a shared key."
+    import papermill
+    keys = set(SHARED_KEYS)
+    for _, nb in pipeline_chapters(nbs, table): keys |= set(papermill.inspect_notebook(str(nb)))
+    for prefix, module, name in PROFILE_CONFIGS:
+        cls = getattr(importlib.import_module(module), name, None) if importlib.util.find_spec(module) else None
+        if cls is not None: keys |= {prefix + f.name for f in dataclasses.fields(cls)}  # a config not written yet adds none
+    return keys - set(INJECTED)
+
+
+def check_profile(params: dict[str, Any], nbs: Path | str, where: str, table: Sequence[Chapter] = CHAPTERS) -> None:
+    "A ValueError naming every key of profile `params` that nothing reads (and the nearest key that is read)."
+    check_keys(params, profile_keys(nbs, table), where, "a key is a chapter's parameter, <prefix><field> of a config read "
+               f"from the profile ({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of {', '.join(SHARED_KEYS)}")
 
 # %% ../nbs/12_reproduce.ipynb #737d732c
 PACKAGES = ("afm", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "papermill", "nbdev", "vllm")
@@ -91,16 +117,18 @@ def _local_kernel(folder: str):
 QUIET_KERNEL = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}  # no progress bars in executed notebooks
 
 
-def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path | str, log: bool = False) -> dict[str, Any]:
-    "Execute chapter `nb` with papermill; return the figures it wrote to `reports/<key>/figures.json`."
+def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path | str, log: bool = False,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
+    "Execute chapter `nb` with papermill (its kernel's environment extended by `env`); return the figures it wrote to `reports/<key>/figures.json`."
     import papermill
     nb, reports = Path(nb), Path(reports).resolve()
     fig_path = reports / key / "figures.json"
     fig_path.unlink(missing_ok=True)
     out = reports / "notebooks" / nb.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in QUIET_KERNEL}
-    os.environ.update(QUIET_KERNEL)  # the kernel inherits this process's environment
+    env = {**QUIET_KERNEL, **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
     try:
         with tempfile.TemporaryDirectory() as sockets:
             papermill.execute_notebook(str(nb), str(out), parameters=params, cwd=str(nb.parent), kernel_name="python3",
@@ -123,7 +151,9 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     "Run the pipeline's chapters (of `table`) for `profile` and write `reports/`; returns the content of metrics.json."
     from afm.core import progress_bar
     root = repo_root(root)
-    params = load_profile(profile, settings or root / "settings.ini")
+    settings = settings_path(settings, root).resolve()
+    params = load_profile(profile, settings)
+    check_profile(params, root / "nbs", f"{settings} [{profile}]", table)  # before anything runs
     reports = Path(reports or root / "reports").resolve()
     nbs = pipeline_chapters(root / "nbs", table)
     if chapters: nbs = select_chapters(chapters, nbs)
@@ -150,7 +180,7 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             record[key] = json.loads((reports / key / "figures.json").read_text())
             continue
         t0 = time.perf_counter()
-        try: record[key] = run_chapter(nb, key, p, reports, log=log)
+        try: record[key] = run_chapter(nb, key, p, reports, log=log, env={"AFM_SETTINGS": str(settings)})
         except RuntimeError as e:
             failure = e
             record.pop(key, None); record["seconds"].pop(key, None); done.unlink(missing_ok=True)

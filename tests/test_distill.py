@@ -1,6 +1,7 @@
 """`afm distill` as a user runs it: a real process, killed mid-run and resumed, and its output checked end to end."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from afm.grading import grade
 from afm.tasks import load_benchmark
 from afm.tools import TOOLS
 
+REPO = Path(__file__).resolve().parents[1]
 AFM = str(Path(sys.executable).with_name("afm"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -102,3 +104,24 @@ def test_a_dead_endpoint_stops_the_run_cleanly(tmp_path):
     assert time.monotonic() - t0 < 120
     runs = out / "runs.jsonl"
     assert not runs.exists() or all(json.loads(line) for line in runs.read_text().splitlines())  # nothing half-written
+
+
+def test_a_run_with_reports_outside_the_repo_leaves_the_set_where_sft_reads_it(tmp_path):
+    """The pipeline's hand-off: `afm run --reports` anywhere, and the distilled set lands in `data_dir("distill", profile)`
+    (the one rule the SFT chapter and `afm sft` read by), not beside the reports folder."""
+    from afm.core import data_dir, read_rows
+    profile = f"handoff-test-{os.getpid()}"
+    settings, reports = tmp_path / "settings.ini", tmp_path / "elsewhere" / "reports"
+    settings.write_text(f"[{profile}]\ndescription = test\nseed = 0\ndistill_tasks_per_suite = 2\ndistill_workers = 2\n"
+                        "system_style = brief\ntools_web_k = 2\n")
+    target = data_dir("distill", profile, REPO)
+    try:
+        r = subprocess.run([AFM, "run", "--profile", profile, "--settings", str(settings), "--chapters", "05_distill",
+                            "--reports", str(reports)], cwd=REPO, capture_output=True, text=True, env=ENV, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = list(read_rows(target / "sft.jsonl"))
+        assert rows and (target / "dataset").is_dir() and (target / "README.md").is_file()
+        assert json.loads((reports / "metrics.json").read_text())["distill"]["dataset_rows"] == len(rows)
+        assert not (reports.parent / "data").exists()  # nothing beside the reports folder
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
