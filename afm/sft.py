@@ -10,21 +10,24 @@ import json
 import os
 import sys
 import time
+from array import array
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from .coa import IGNORE_INDEX, TAGS, TagRegistry, check, encode_segments, neutral, parse, segments, tag_words
-from .core import check_fields, read_rows
+from .core import check_fields, data_dir, read_rows
 from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'ELAPSED', 'HELDOUT_SUITES', 'sft_rows', 'conversation', 'check_tokenizer', 'sft_example',
-           'sft_dataset', 'tokenised', 'skipped_report', 'segment_attention', 'register_segment_attention', 'SFTArgs',
-           'sft_split', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
-           'prefix_example', 'prefix_dataset', 'copy_positions', 'copy_probe', 'heldout_tasks', 'heldout',
-           'heldout_records', 'cli_sft', 'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
+__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'TEST_SUITES', 'sft_rows', 'conversation',
+           'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
+           'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
+           'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split', 'sft_trainer',
+           'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example',
+           'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'test_tasks', 'test_records', 'cli_sft',
+           'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -33,24 +36,50 @@ _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "ass
 def sft_rows(source) -> Iterator[tuple[str, dict]]:
     "The rows of `source` (a folder, a file, a `datasets.Dataset` or a list of dicts), each with where it is."
     import datasets
-    if isinstance(source, datasets.DatasetDict): source = source["train"]
+    if isinstance(source, datasets.DatasetDict): source = _train_split(source, "the DatasetDict given")
     if isinstance(source, datasets.Dataset): yield from ((f"dataset row {i}", r) for i, r in enumerate(source)); return
     if isinstance(source, (list, tuple)): yield from ((f"rows[{i}]", r) for i, r in enumerate(source)); return
     path = Path(source)
     if not path.exists(): raise FileNotFoundError(f"{path}: no such SFT data (distil it first: afm distill --profile …)")
-    if path.is_file(): yield from read_rows(path); return
+    yield from _file_rows(path) if path.is_file() else _folder_rows(path)
+
+
+def _file_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    "`read_rows` of a data file; an error that does not say where (bad bytes, a broken parquet) gets the file and the last row read."
+    last = None
+    try:
+        for where, row in read_rows(path): last = where; yield where, row
+    except (ValueError, OSError) as e:
+        if str(e).startswith(str(path)): raise
+        raise ValueError(f"{path}: unreadable {f'after {last}' if last else 'from its start'} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+
+
+def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    "The rows of a `datasets` folder (or of a distilled set's `dataset` folder), its `train` split if it has splits."
+    import datasets
     folder = path / "dataset" if (path / "dataset").is_dir() else path
     if not (folder / "dataset_info.json").is_file() and not (folder / "dataset_dict.json").is_file():
         raise ValueError(f"{path}: not a datasets folder nor a distilled set (no dataset_info.json in {folder})")
-    ds = datasets.load_from_disk(str(folder))
-    if isinstance(ds, datasets.DatasetDict): ds = ds["train"]
+    try: ds = datasets.load_from_disk(str(folder))
+    except (ValueError, OSError, KeyError) as e:
+        raise ValueError(f"{folder}: not a readable datasets folder ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    if isinstance(ds, datasets.DatasetDict): ds = _train_split(ds, folder)
     if len(ds) == 0: raise ValueError(f"{folder}: the dataset has no rows")
     yield from ((f"{folder} row {i}", r) for i, r in enumerate(ds))
 
 
+def _train_split(dd, where) -> Any:
+    if "train" not in dd: raise ValueError(f"{where}: no `train` split to train on (splits: {', '.join(dd) or 'none'})")
+    return dd["train"]
+
+# %% ../nbs/09_sft.ipynb #4ff3e19f
 def conversation(row: Any, where: str) -> tuple[str | None, str, str]:
     "`(system, user, assistant)` of a row in either layout; a ValueError naming `where` when the row has another shape."
+    from afm.tasks import TASK_KINDS
     if not isinstance(row, dict): raise ValueError(f"{where}: a row must be an object, got {type(row).__name__}")
+    if row.get("kind") is not None and row["kind"] not in TASK_KINDS:
+        raise ValueError(f"{where}: `kind` must be one of {', '.join(TASK_KINDS)} (or absent), got {str(row['kind'])[:40]!r}")
     key = "messages" if "messages" in row else "conversations" if "conversations" in row else None
     if key is None: raise ValueError(f"{where}: a row needs `messages` (role/content) or `conversations` (from/value)")
     turns = row[key]
@@ -102,27 +131,35 @@ def sft_example(tokenizer, system: str | None, user: str, assistant: str, mask_o
     enc = encode_segments([*((neutral(t, controls), trained) for t, trained in pieces), (tokenizer.eos_token, True)], tokenizer)
     return prompt + enc.input_ids, [IGNORE_INDEX] * len(prompt) + enc.labels
 
-
+# %% ../nbs/09_sft.ipynb #7304097d
 def sft_dataset(rows, tokenizer, mask_observations: bool = True, max_length: int | None = None,
                 tags: TagRegistry | None = None, plain_tags: bool = False, skipped: dict | None = None):
     """A `datasets.Dataset` of `input_ids` and `labels` from `rows` (anything `sft_rows` reads). Rows that cannot be
     trained on are left out; `skipped`, when given, receives each reason with where its rows are."""
     def example(system, user, assistant, row):
-        return sft_example(tokenizer, system, user, assistant, mask_observations=mask_observations, tags=tags,
-                           kind=row.get("kind") if isinstance(row, dict) else None)
+        return sft_example(tokenizer, system, user, assistant, mask_observations=mask_observations, tags=tags, kind=row.get("kind"))
     return tokenised(rows, tokenizer, example, max_length, tags, plain_tags, skipped, "no trainable rows")
+
+
+def max_chars(tokenizer, max_length: int) -> int:
+    "The most characters `max_length` tokens of `tokenizer` can spell: no token spells more than its vocabulary's longest entry."
+    return max_length * max(map(len, tokenizer.get_vocab()))
 
 
 def tokenised(rows, tokenizer, example, max_length: int | None = None, tags: TagRegistry | None = None,
               plain_tags: bool = False, skipped: dict | None = None, nothing: str = "no trainable rows"):
     """A `datasets.Dataset` of the `(input_ids, labels)` that `example(system, user, assistant, row)` makes of each of
-    `rows`. A row it gives a reason for, or longer than `max_length`, is left out and counted under its reason in `skipped`;
-    when no row is left, a `ValueError` starting with `nothing` lists the reasons and the first row of each."""
+    `rows`. A row it gives a reason for, or longer than `max_length` (in characters first, `max_chars`, then in tokens), is
+    left out and counted under its reason in `skipped`; when no row is left, a `ValueError` starting with `nothing` lists
+    the reasons and the first row of each."""
     import datasets
     check_tokenizer(tokenizer, tags, plain_tags)
     ids, labels, out = [], [], defaultdict(list)
+    chars = max_chars(tokenizer, max_length) if max_length else None
     for where, row in sft_rows(rows):
-        r = example(*conversation(row, where), row)
+        turns = conversation(row, where)
+        if chars and sum(len(t) for t in turns if t) > chars: r = f"longer than {chars} characters"  # never tokenised
+        else: r = example(*turns, row)
         if isinstance(r, tuple) and max_length and len(r[0]) > max_length: r = f"longer than max_length={max_length} tokens"
         if isinstance(r, str): out[r.partition(": ")[0]].append(where); continue  # counted by kind of reason
         ids.append(r[0]); labels.append(r[1])
@@ -167,10 +204,28 @@ def register_segment_attention() -> str:
     AttentionMaskInterface.register(SEGMENT_ATTENTION, sdpa_mask)
     return SEGMENT_ATTENTION
 
-# %% ../nbs/09_sft.ipynb #160708e5
+# %% ../nbs/09_sft.ipynb #80506c72
+MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
+CHAPTER_KEYS = ("sft_demo_steps", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_bench_rows", "sft_ablation", "sft_math500",
+                "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
+
+
+def known_schedulers() -> list[str]:
+    "The learning-rate schedules transformers knows: what `SFTArgs.lr_scheduler` may name."
+    from transformers.trainer_utils import SchedulerType
+    return [s.value for s in SchedulerType]
+
+
+def known_attentions() -> list[str]:
+    "What `SFTArgs.attention` may name: `afm_segments`, transformers' `eager` and every implementation registered with transformers."
+    from transformers import AttentionInterface
+    return [SEGMENT_ATTENTION, "eager", *(k for k in AttentionInterface().valid_keys() if not k.startswith("paged|"))]
+
+# %% ../nbs/09_sft.ipynb #905aaeeb
 @dataclass
 class SFTArgs:
-    "How an SFT run trains; profile keys `sft_<field>`."
+    """How an SFT stage trains; profile keys `sft_<field>`. `lm_epochs`, `lm_max_steps` and `copy_steps` are the recipe's
+    (`sft_recipe`): the stages it runs before SFT."""
     model: str = field(default="tiny", metadata={"help": "a model folder or name (afm.models.load)"})
     epochs: float = field(default=3.0, metadata={"help": "passes over the training set"})
     max_steps: int = field(default=-1, metadata={"help": "optimiser steps (>0: overrides epochs)"})
@@ -185,28 +240,84 @@ class SFTArgs:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     mask_observations: bool = field(default=True, metadata={"help": "no loss on observations (False: the ablation)"})
-    copy_steps: int = field(default=0, metadata={"help": "optimiser steps on the rows' first tool calls before SFT: the copy curriculum (0: none)"})
+    lm_epochs: float = field(default=0.0, metadata={"help": "recipe: passes over the world's pages before SFT, the language-modelling pass (0: none)"})
+    lm_max_steps: int = field(default=-1, metadata={"help": "recipe: optimiser steps of the language-modelling pass (>0: overrides lm_epochs)"})
+    copy_steps: int = field(default=0, metadata={"help": "recipe: optimiser steps on the rows' first tool calls before SFT, the copy curriculum (0: none)"})
     plain_tags: bool = field(default=False, metadata={"help": "the tokenizer keeps the CoA tags as plain text"})
-    val_fraction: float = field(default=0.05, metadata={"help": "share of rows held out for validation loss"})
-    eval_steps: int = field(default=50, metadata={"help": "steps between validation losses"})
+    val_fraction: float = field(default=0.05, metadata={"help": "share of rows kept apart as validation rows"})
+    val_steps: int = field(default=50, metadata={"help": "steps between validation losses"})
     save_steps: int = field(default=50, metadata={"help": "steps between checkpoints"})
-    early_stopping: int = field(default=0, metadata={"help": "stop after this many evaluations without improvement (0: off)"})
+    early_stopping: int = field(default=0, metadata={"help": "stop after this many validations without improvement (0: off)"})
     bf16: bool = field(default=False, metadata={"help": "bfloat16 mixed precision (GPUs)"})
     attention: str = field(default=SEGMENT_ATTENTION, metadata={"help": "attention while training: afm_segments (per packed example), or a transformers name (sdpa, flash_attention_2)"})
     seed: int = field(default=0, metadata={"help": "seed of the split, the data order and the initialisation"})
 
     def __post_init__(self):
-        check_fields(self, ints={**dict.fromkeys(("batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "eval_steps", "save_steps"), 1),
-                                 "max_steps": "[-1, inf)", "copy_steps": 0},
-                     numbers={"epochs": "[0, 10000]", "learning_rate": "[0, 1]", "warmup": "[0, 0.99]", "val_fraction": "[0, 0.5]",
-                              "weight_decay": "[0, 10]"})
+        check_fields(self, ints={**dict.fromkeys(("batch_size", "grad_accum", "lora_r", "lora_alpha", "val_steps", "save_steps"), 1),
+                                 "max_length": f"[1, {MAX_LENGTH}]", "max_steps": "[-1, inf)", "lm_max_steps": "[-1, inf)",
+                                 "copy_steps": 0, "early_stopping": 0},
+                     numbers={"epochs": "[0, 10000]", "lm_epochs": "[0, 10000]", "learning_rate": "[0, 1]", "warmup": "[0, 0.99]",
+                              "val_fraction": "[0, 0.5]", "weight_decay": "[0, 10]"})
         if self.max_steps <= 0 and self.epochs <= 0: raise ValueError("SFTArgs: set epochs > 0 or max_steps > 0")
-        if self.early_stopping and self.save_steps % self.eval_steps:
-            raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of eval_steps ({self.eval_steps})")
+        if self.early_stopping and self.save_steps % self.val_steps:
+            raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of val_steps ({self.val_steps})")
+        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions())):
+            if getattr(self, name) not in known:
+                raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of {', '.join(known)}")
+
+# %% ../nbs/09_sft.ipynb #ab8dfa48
+def data_digest(ds) -> str:
+    "A sha256 of a tokenised dataset's `input_ids` and `labels`, row by row: the data part of a run's identity."
+    h = hashlib.sha256()
+    for ids, labels in zip(ds["input_ids"], ds["labels"]):
+        h.update(len(ids).to_bytes(8, "little")); h.update(array("q", ids).tobytes()); h.update(array("q", labels).tobytes())
+    return h.hexdigest()
 
 
+def run_identity(args: SFTArgs, ds) -> dict:
+    "What makes a run the run it is: its settings and the data it trains on (`data_digest`)."
+    return {"args": asdict(args), "data": {"rows": len(ds), "sha256": data_digest(ds)}}
+
+
+def identity_gap(there: dict, here: dict) -> str | None:
+    "What differs between the identity a folder holds (`there`) and this run's (`here`), in a few words; None when nothing does."
+    if there.get("data") != here["data"]:
+        old = there.get("data") or {}
+        return (f"other data ({old.get('rows')} rows, sha256 {str(old.get('sha256'))[:12]} there; "
+                f"{here['data']['rows']} rows, sha256 {here['data']['sha256'][:12]} here)")
+    old = there.get("args") or {}
+    diff = [f"{k} {old.get(k)!r} there, {v!r} here" for k, v in here["args"].items() if old.get(k) != v]
+    return f"other settings ({'; '.join(diff[:4])}{' …' if len(diff) > 4 else ''})" if diff else None
+
+# %% ../nbs/09_sft.ipynb #cbf9f3e6
+def finished_run(out: Path, identity: dict) -> dict | None:
+    """The figures of the finished run in `out` when it is this one (`identity`); None when `out` holds no run or an
+    unfinished run of this identity; a ValueError naming the folder and the difference when it holds another run."""
+    done, started = out / "sft.json", out / "args.json"
+    if done.is_file() and (out / "model" / "config.json").is_file(): there, what = json.loads(done.read_text()), "a finished run"
+    elif started.is_file(): there, what = json.loads(started.read_text()), "a run"
+    elif (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()): there, what = {}, "checkpoints of an unknown run"
+    else: return None
+    if gap := identity_gap(there, identity): raise ValueError(f"{out} holds {what} of {gap}; use another output folder or delete it")
+    return there if what == "a finished run" else None
+
+
+def check_context(args: SFTArgs, model=None) -> None:
+    "Raise ValueError unless `args.max_length` fits the context of `model` (else of `args.model`, read from its config before loading)."
+    if model is not None: config, name = model.config, getattr(model, "name_or_path", "the model given")
+    else:
+        from transformers import AutoConfig
+        from afm.models import model_path
+        name = model_path(args.model)
+        try: config = AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as e: raise ValueError(f"{name}: no readable config.json ({str(e).splitlines()[0][:160]})") from None
+    context = getattr(config, "max_position_embeddings", None)
+    if context and args.max_length > context:
+        raise ValueError(f"SFTArgs.max_length = {args.max_length} is longer than the context of {name} ({context} tokens); set sft_max_length <= {context}")
+
+# %% ../nbs/09_sft.ipynb #9c50b20f
 def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
-    "TRL's `SFTConfig` for `args`."
+    "TRL's `SFTConfig` for `args` (TRL calls the validation loss `eval_loss`; its `eval_*` options are our `val_*`)."
     from trl import SFTConfig
     best = bool(args.early_stopping and has_val)
     return SFTConfig(
@@ -215,7 +326,7 @@ def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, max_length=args.max_length, packing=True, packing_strategy="bfd",
         padding_free=True, bf16=args.bf16, gradient_checkpointing=False, logging_steps=1, save_strategy="steps",
-        save_steps=args.save_steps, eval_strategy="steps" if has_val else "no", eval_steps=args.eval_steps,
+        save_steps=args.save_steps, eval_strategy="steps" if has_val else "no", eval_steps=args.val_steps,
         load_best_model_at_end=best, metric_for_best_model="eval_loss" if best else None, greater_is_better=False if best else None,
         report_to="none", seed=args.seed, data_seed=args.seed, disable_tqdm=quiet, dataloader_num_workers=0,
         save_only_model=False, use_cpu=not _has_gpu())
@@ -225,7 +336,7 @@ def _has_gpu() -> bool:
     import torch
     return torch.cuda.is_available()
 
-
+# %% ../nbs/09_sft.ipynb #a54575d6
 def _digest(model) -> str:
     "A hash of every parameter's bytes (the same weights on every rank give the same digest)."
     h = hashlib.sha256()
@@ -259,41 +370,12 @@ def _elapsed_callback(before: float):
                 Path(args.output_dir, f"checkpoint-{state.global_step}", ELAPSED).write_text(json.dumps({"seconds": self.seconds()}))
     return Elapsed()
 
-
-def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
-    """Fine-tune on `data` (anything `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from
-    its newest checkpoint; the run's figures, also in `out/sft.json`. The model (LoRA merged) is saved in `out/model`.
-    `train_seconds` counts every process that trained the run; `resumed_seconds` is the part before the last resume."""
-    import datasets
-    args, out = args or SFTArgs(), Path(out)
-    if not isinstance(data, (list, tuple, datasets.Dataset)): next(iter(sft_rows(data)), None)  # a bad path fails before anything loads
+# %% ../nbs/09_sft.ipynb #0a69190e
+def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress: bool = True):
+    "TRL's `SFTTrainer` for one stage: packed padding-free batches, the attention `args.attention` names, LoRA and early stopping when asked."
     from transformers import EarlyStoppingCallback, PrinterCallback
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
-    from afm.models import load, save_model
-    settings = dict(asdict(args))
-    if (out / "sft.json").is_file() and (out / "model" / "config.json").is_file():
-        done = json.loads((out / "sft.json").read_text())
-        if done.get("args") != settings: raise ValueError(f"{out} holds a finished run with other settings; use another output folder")
-        return done | {"already_finished": True}
-    if (out / "args.json").is_file() and json.loads((out / "args.json").read_text()) != settings:
-        raise ValueError(f"{out} holds a run with other settings ({out / 'args.json'}); use another output folder or delete it")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "args.json").write_text(json.dumps(settings, indent=2))
-    if model is None: model, tokenizer = load(start_model(args.model, data))
-    copied = None
-    if args.copy_steps > 0:  # the copy curriculum first, in its own folder (it resumes and finishes on its own)
-        if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names:
-            raise ValueError("SFTArgs.copy_steps needs conversation rows to cut, not a tokenised dataset")
-        stage = replace(args, copy_steps=0, max_steps=args.copy_steps, val_fraction=0.0, early_stopping=0, mask_observations=True)
-        copied = train_sft(prefix_dataset(data, tokenizer, args.max_length, plain_tags=args.plain_tags), out / "copy", stage,
-                           model=model, tokenizer=tokenizer, progress=progress)
-        model, tokenizer = load(str(out / "copy" / "model"))
     model.set_attn_implementation(register_segment_attention() if args.attention == SEGMENT_ATTENTION else args.attention)
-    skipped: dict = {}
-    if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names: ds = data
-    else: ds = sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
-    train, val = sft_split(ds, args)
     peft = None
     if args.lora:
         from peft import LoraConfig
@@ -306,26 +388,20 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     if args.lora:  # a checkpoint looks its base up on the hub unless it names a local folder: never from here
         for c in trainer.model.peft_config.values():
             if c.base_model_name_or_path and not Path(c.base_model_name_or_path, "config.json").is_file(): c.base_model_name_or_path = None
-    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
-    before = json.loads((Path(last) / ELAPSED).read_text())["seconds"] if last and (Path(last) / ELAPSED).is_file() else 0.0
-    trainer.add_callback(clock := _elapsed_callback(before))
-    result = trainer.train(resume_from_checkpoint=last)
-    seconds = clock.seconds()
-    final = trainer.model.merge_and_unload() if args.lora else trainer.model
+    return trainer
+
+
+def _save_run(trainer, tokenizer, out: Path, figures: dict, lora: bool) -> dict:
+    "Finish a trained stage: merge LoRA, save the model (rank 0), the log and `sft.json` with the losses and steps; every rank's weight digest."
+    from afm.models import save_model
+    final = trainer.model.merge_and_unload() if lora else trainer.model
     acc = trainer.accelerator
     acc.unwrap_model(final).set_attn_implementation("sdpa")  # what inference and serving use
     if acc.num_processes > 1: (out / f"rank{acc.process_index}.sha256").write_text(_digest(acc.unwrap_model(final)))
     history = trainer.state.log_history
-    train_losses = [h["loss"] for h in history if "loss" in h]
-    evals = [h["eval_loss"] for h in history if "eval_loss" in h]
-    figures = {"args": settings, "rows": len(ds), "train_rows": len(train), "val_rows": len(val) if val is not None else 0,
-               "skipped": {k: len(v) for k, v in skipped.items()}, "steps": trainer.state.global_step,
-               "trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x),
-               "final_train_loss": train_losses[-1] if train_losses else None, "best_eval_loss": min(evals) if evals else None,
-               "train_seconds": round(seconds, 1), "resumed_from": Path(last).name if last else None,
-               "resumed_seconds": round(before, 1),
-               "world_size": acc.num_processes, "train_loss": result.training_loss,
-               **({"copy_steps": copied["steps"], "copy_seconds": copied["train_seconds"]} if copied else {})}
+    losses, vals = [h["loss"] for h in history if "loss" in h], [h["eval_loss"] for h in history if "eval_loss" in h]
+    figures |= {"steps": trainer.state.global_step, "final_train_loss": losses[-1] if losses else None,
+                "best_val_loss": min(vals) if vals else None, "world_size": acc.num_processes}
     if trainer.is_world_process_zero():
         save_model(acc.unwrap_model(final), tokenizer, out / "model")
         (out / "log.json").write_text(json.dumps(history, indent=1))
@@ -333,17 +409,52 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     acc.wait_for_everyone()
     return figures
 
+# %% ../nbs/09_sft.ipynb #601623bf
+def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
+    """Train one stage: `args.model` (or `model` and `tokenizer`, that model already loaded) fine-tuned on `data` (anything
+    `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from its newest checkpoint. Returns the
+    run's figures, also in `out/sft.json`; the model (LoRA merged) is saved in `out/model`. `train_seconds` counts every
+    process that trained the run; `resumed_seconds` is the part before the last resume."""
+    import datasets
+    from transformers.trainer_utils import get_last_checkpoint
+    from afm.models import load
+    args, out = args or SFTArgs(), Path(out)
+    if args.copy_steps or args.lm_epochs or args.lm_max_steps > 0:
+        raise ValueError("train_sft trains one stage: copy_steps, lm_epochs and lm_max_steps are stages of sft_recipe (set them to 0 here)")
+    if (model is None) != (tokenizer is None): raise ValueError("train_sft: pass model and tokenizer together, or neither")
+    ready = isinstance(data, datasets.Dataset) and "input_ids" in data.column_names  # tokenised already
+    if not ready: next(iter(sft_rows(data)), None)  # a bad path fails before anything loads
+    check_context(args, model)
+    if model is None and not ready: model, tokenizer = load(args.model)
+    skipped: dict = {}
+    ds = data if ready else sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
+    identity = run_identity(args, ds)
+    if (done := finished_run(out, identity)) is not None: return done | {"already_finished": True}
+    if model is None: model, tokenizer = load(args.model)
+    train, val = sft_split(ds, args)
+    trainer = sft_trainer(model, tokenizer, train, val, args, out, progress)
+    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    before = json.loads((Path(last) / ELAPSED).read_text())["seconds"] if last and (Path(last) / ELAPSED).is_file() else 0.0
+    trainer.add_callback(clock := _elapsed_callback(before))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "args.json").write_text(json.dumps(identity, indent=2))  # only now: a run that failed before training leaves nothing behind
+    result = trainer.train(resume_from_checkpoint=last)
+    figures = identity | {"rows": len(ds), "train_rows": len(train), "val_rows": len(val) if val is not None else 0,
+                          "skipped": {k: len(v) for k, v in skipped.items()}, "resumed_from": Path(last).name if last else None,
+                          "resumed_seconds": round(before, 1), "train_seconds": round(clock.seconds(), 1), "train_loss": result.training_loss}
+    return _save_run(trainer, tokenizer, out, figures | {"trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x)}, args.lora)
 
+# %% ../nbs/09_sft.ipynb #d74139f8
 def plot_losses(history: list[dict], path: Path | str, title: str = "SFT") -> Path:
-    "Train and validation loss against steps, from a trainer's `log_history`, saved as a PNG."
+    "Train and validation loss against steps, from a trainer's `log_history` (TRL's `eval_loss` is the validation loss), saved as a PNG."
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
     tr = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    ev = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    va = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
     if tr: ax.plot(*zip(*tr), label="train", lw=1)
-    if ev: ax.plot(*zip(*ev), "o-", label="validation", lw=1.5)
+    if va: ax.plot(*zip(*va), "o-", label="validation", lw=1.5)
     ax.set(xlabel="step", ylabel="loss (masked tokens excluded)", title=title); ax.legend(); ax.grid(alpha=0.3)
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
@@ -400,6 +511,30 @@ def prefix_dataset(rows, tokenizer, max_length: int | None = None, tags: TagRegi
     return tokenised(rows, tokenizer, lambda system, user, assistant, row: prefix_example(tokenizer, system, user, assistant, tags),
                      max_length, tags, plain_tags, skipped, "no row with a tool call to cut after")
 
+# %% ../nbs/09_sft.ipynb #fa304373
+def sft_recipe(data, out: Path | str, args: SFTArgs | None = None, lm_texts=None, progress: bool = True) -> dict:
+    """The SFT recipe on `data` into `out`: from `args.model` (`start_model`), the language-modelling pass over `lm_texts`
+    (default: the world's pages) in `out/lm`, the copy curriculum in `out/copy`, then SFT in `out/sft`, each stage that
+    `args` asks for a `train_sft` run of its own; their figures, by stage name."""
+    from afm.models import load
+    args, out = args or SFTArgs(), Path(out)
+    start = start_model(args.model, data)
+    lm, copy = args.lm_epochs > 0 or args.lm_max_steps > 0, args.copy_steps > 0
+    tok = load(start)[1] if lm or copy else None  # the later stages save this tokenizer unchanged
+    plan = []
+    if lm:  # every token of the pages trained
+        plan.append(("lm", lm_dataset(world_texts() if lm_texts is None else lm_texts, tok, args.max_length),
+                     dict(epochs=args.lm_epochs, max_steps=args.lm_max_steps, val_fraction=0.0, early_stopping=0, lora=False)))
+    if copy:  # the rows cut after their first tool call
+        plan.append(("copy", prefix_dataset(data, tok, args.max_length, plain_tags=args.plain_tags),
+                     dict(max_steps=args.copy_steps, val_fraction=0.0, early_stopping=0, mask_observations=True)))
+    plan.append(("sft", data, {}))
+    runs, stage = {}, replace(args, model=start, lm_epochs=0.0, lm_max_steps=-1, copy_steps=0)
+    for name, stage_data, changes in plan:
+        runs[name] = train_sft(stage_data, out / name, replace(stage, **changes), progress=progress)
+        stage = replace(stage, model=str(out / name / "model"))
+    return runs
+
 # %% ../nbs/09_sft.ipynb #86d476c5
 def copy_positions(ids: list[int], labels: list[int]) -> list[bool]:
     "For each position: a trained token whose bigram (it and the token before) already occurred in the row's untrained text."
@@ -434,30 +569,23 @@ def copy_probe(model, rows, max_rows: int = 64) -> dict:
 # %% ../nbs/09_sft.ipynb #900b27ca
 from .world import GENERATED_SUITES
 
-HELDOUT_SUITES = list(GENERATED_SUITES)  # every generated suite: its `test` split holds no entity of `sft` or `rl`
+TEST_SUITES = list(GENERATED_SUITES)  # every generated suite: its `test` split holds no entity of `sft` or `rl`
 
 
-def heldout_tasks(per_suite: int, suites=HELDOUT_SUITES, scale: float = 1.0, seed: int = 0) -> list:
+def test_tasks(per_suite: int, suites=TEST_SUITES, scale: float = 1.0, seed: int = 0) -> list:
     "The first `per_suite` `test`-split tasks of each suite: questions whose entities no SFT or RL task uses."
     from afm.tasks import load_benchmark
     return [t for s in suites for t in load_benchmark(s, split="test", scale=scale, seed=seed, sizes={"test": per_suite})[:per_suite]]
 
 
-def heldout(model, tokenizer, tasks, toolbox, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 1536,
-            system_style: str = "full", seed: int = 0, max_batch: int = 32, progress: bool = False) -> list[dict]:
-    "Graded episodes of `model` on `tasks` through the batched engine and `toolbox` (`afm.rollout.evaluate` records)."
+def test_records(path: Path | str, model: str | Path, tasks, toolbox, sizes=None, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 1536, system_style: str = "full", max_batch: int = 32, progress: bool = False) -> list[dict]:
+    """Graded episodes (`afm.rollout.evaluate` records) of the model folder or name `model` on `tasks`, through the batched
+    engine and `toolbox`, kept in the JSONL file `path` with a key of what made them (the weights' time stamp, the tasks, the
+    decoding, the tool sizes `sizes`): a second call with the same key reads them back."""
     from afm.engine import TransformersEngine
-    from afm.rollout import RolloutConfig, evaluate
-    cfg = RolloutConfig(temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, max_tokens_per_turn=512,
-                        max_turns=16, max_tool_calls=12, system_style=system_style)
-    return evaluate(TransformersEngine(model, tokenizer, max_batch=max_batch), tasks, toolbox, cfg, progress=progress)
-
-
-def heldout_records(path: Path | str, model: str | Path, tasks, toolbox, sizes=None, temperature: float = 0.0, top_p: float = 1.0,
-                    max_new_tokens: int = 1536, system_style: str = "full", progress: bool = False) -> list[dict]:
-    """`heldout` records of the model folder or name `model`, kept in the JSONL file `path` with a key of what made them
-    (the weights' time stamp, the tasks, the decoding, the tool sizes `sizes`): a second call with the same key reads them back."""
     from afm.models import load, model_path
+    from afm.rollout import RolloutConfig, evaluate
     path, folder = Path(path), model_path(str(model))
     weights = folder / "model.safetensors"
     key = {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None, "tasks": [t.id for t in tasks],
@@ -465,34 +593,34 @@ def heldout_records(path: Path | str, model: str | Path, tasks, toolbox, sizes=N
     key_path = path.with_suffix(".key.json")
     if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
         return [json.loads(line) for line in path.read_text().splitlines()]
-    m, t = load(str(folder))
-    recs = heldout(m, t, tasks, toolbox, temperature, top_p, max_new_tokens, system_style=system_style, progress=progress)
+    cfg = RolloutConfig(temperature=temperature, top_p=top_p, seed=0, max_new_tokens=max_new_tokens, max_tokens_per_turn=512,
+                        max_turns=16, max_tool_calls=12, system_style=system_style)
+    recs = evaluate(TransformersEngine(*load(str(folder)), max_batch=max_batch), tasks, toolbox, cfg, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs)); key_path.write_text(json.dumps(key))
     return recs
 
 # %% ../nbs/09_sft.ipynb #03b949a5
 def cli_sft(argv: list[str] | None = None) -> int:
-    "`afm sft`: agentic SFT on the profile's distilled CoA trajectories, observations masked; resumes an interrupted run."
-    from afm.core import check_value, parse_configs, profile_config, repo_root, stage_parser, stage_profile
+    "`afm sft`: the SFT recipe on the profile's distilled CoA trajectories (copy curriculum, then SFT with observations masked); resumes an interrupted run."
+    from afm.core import check_value, parse_configs, profile_config, stage_parser, stage_profile
     p, pre = stage_parser("afm sft", cli_sft.__doc__, SFTArgs, options={
         "--data": {"help": "the SFT rows (default: <repo>/data/distill/<profile>)"},
-        "--out": {"help": "output folder (default: <repo>/data/sft/<profile>)"}})
+        "--out": {"help": "output folder, a sub-folder per stage (default: <repo>/data/sft/<profile>)"}})
     try:
         _, prof, where = stage_profile(pre, argv)
-        base = profile_config(SFTArgs, prof, "sft_", where=where,
+        base = profile_config(SFTArgs, prof, "sft_", where=where, known=CHAPTER_KEYS,
                               seed=check_value(SFTArgs, "seed", prof.get("seed", 0), f"{where}: seed"),
                               **({"model": prof["model"]} if "sft_model" not in prof and "model" in prof else {}))
         args, a = parse_configs(p, argv, SFTArgs, defaults=asdict(base))
-        data = Path(a.data) if a.data else repo_root() / "data" / "distill" / a.profile
-        out = Path(a.out) if a.out else repo_root() / "data" / "sft" / a.profile
-        figures = train_sft(data, out, args)
+        out = Path(a.out) if a.out else data_dir("sft", a.profile)
+        runs = sft_recipe(Path(a.data) if a.data else data_dir("distill", a.profile), out, args)
     except Exception as e:  # one line naming what failed: a profile key, the data folder, a row, the output folder
         print(f"afm sft: {type(e).__name__}: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: v for k, v in figures.items() if k != "args"}, indent=1))
-        print(f"wrote {out / 'model'}" + (" (already finished)" if figures.get("already_finished") else ""))
+        print(json.dumps({k: {f: v for f, v in r.items() if f not in ("args", "data")} for k, r in runs.items()}, indent=1))
+        print(f"wrote {out / 'sft' / 'model'}" + (" (already finished)" if runs["sft"].get("already_finished") else ""))
     return 0
 
 # %% ../nbs/09_sft.ipynb #9568f95e
@@ -513,7 +641,7 @@ def train_flops(model, lengths) -> float:
     attention = sum(6 * 2 * c.num_hidden_layers * c.hidden_size * n * (n + 1) / 2 for n in lengths)  # QK^T and AV, forward and backward
     return 6 * weights * sum(lengths) + attention
 
-
+# %% ../nbs/09_sft.ipynb #aa036aeb
 def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_step: int = 2, progress: bool = False) -> dict:
     """Our batches (packed, padding-free, attention per example) against the same packing on transformers' SDPA and TRL's
     default padded batches, one epoch over the `input_ids`/`labels` rows `ds` each, from the same initial model
@@ -543,11 +671,10 @@ def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_ste
                      "mfu": round(train_flops(model, lengths) / seconds / peak, 4)}
     return out | {"matmul_peak_gflops": round(peak / 1e9, 1), "tokens_per_s_ratio": round(out["ours"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 2)}
 
-
+# %% ../nbs/09_sft.ipynb #6dbb830a
 def cli_bench(argv: list[str] | None = None) -> int:
     "`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the same rows."
     import argparse
-    from afm.core import repo_root
     from afm.models import load
     p = argparse.ArgumentParser(prog="afm bench sft", description=cli_bench.__doc__)
     p.add_argument("--profile", default="tiny", help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
@@ -561,7 +688,7 @@ def cli_bench(argv: list[str] | None = None) -> int:
     if a.rows < 2: p.error(f"--rows must be at least 2, got {a.rows}")
     try:
         _, tok = load(a.model)
-        ds = sft_dataset(a.data or repo_root() / "data" / "distill" / a.profile, tok, max_length=a.max_length, plain_tags=a.plain_tags)
+        ds = sft_dataset(a.data or data_dir("distill", a.profile), tok, max_length=a.max_length, plain_tags=a.plain_tags)
         ds = ds.shuffle(seed=0).select(range(min(a.rows, len(ds))))
         res = bench_sft(ds, lambda: load(a.model)[0].train(), tok, a.max_length)
     except (FileNotFoundError, ValueError, KeyError) as e:
