@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -21,10 +21,11 @@ from .core import cache_dir, check_fields, package_dir
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'IM_START', 'IM_END', 'PAD', 'SMOL_NAME', 'SMOL_GGUF', 'SMOL_SYSTEM', 'HUB_MODELS', 'LOCAL_MODELS',
-           'chatml_template', 'TinyConfig', 'tiny_texts', 'train_tokenizer', 'tiny_model', 'save_model', 'build_tiny',
-           'tiny_chat_model', 'adds_prefix_space', 'decode', 'control_tokens', 'chat_prompt_ids', 'smol_gguf',
-           'convert_smol', 'tiny_config', 'model_path', 'load']
+__all__ = ['log', 'IM_START', 'IM_END', 'PAD', 'PROVENANCE', 'SMOL_NAME', 'SMOL_GGUF', 'SMOL_SYSTEM', 'HUB_MODELS',
+           'LOCAL_MODELS', 'WEIGHTS', 'TOKENIZERS', 'chatml_template', 'TinyConfig', 'tiny_texts', 'train_tokenizer',
+           'tiny_model', 'save_model', 'provenance', 'build_tiny', 'tiny_chat_model', 'adds_prefix_space', 'decode',
+           'control_tokens', 'chat_prompt_ids', 'smol_gguf', 'convert_smol', 'tiny_config', 'model_path', 'download',
+           'check_folder', 'load']
 
 # %% ../nbs/06_models.ipynb #7ebc7af4
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -43,14 +44,14 @@ def chatml_template(default_system: str | None = None) -> str:
 # %% ../nbs/06_models.ipynb #d730a9b2
 @dataclass(frozen=True)
 class TinyConfig:
-    "The size of `tiny` (the profile's `tiny_*` keys set it)."
-    vocab_size: int = 2000
-    hidden_size: int = 192
-    layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
-    context: int = 2048
-    seed: int = 0
+    "The size of the `tiny` model; a profile's `tiny_*` keys set it."
+    vocab_size: int = field(default=2000, metadata={"help": "BPE vocabulary, ChatML's markers and every CoA tag included (at least 300)"})
+    hidden_size: int = field(default=192, metadata={"help": "width of the residual stream (a multiple of heads)"})
+    layers: int = field(default=4, metadata={"help": "transformer blocks"})
+    heads: int = field(default=4, metadata={"help": "attention heads (a multiple of kv_heads)"})
+    kv_heads: int = field(default=2, metadata={"help": "key/value heads (grouped-query attention)"})
+    context: int = field(default=2048, metadata={"help": "longest sequence in tokens (max_position_embeddings)"})
+    seed: int = field(default=0, metadata={"help": "seed of the initial weights"})
 
     def __post_init__(self):
         check_fields(self, ints={**dict.fromkeys(asdict(self), 1), "seed": 0})
@@ -60,7 +61,7 @@ class TinyConfig:
         if self.vocab_size < 300:
             raise ValueError(f"TinyConfig.vocab_size must be at least 300 (256 bytes, the specials and the tags), got {self.vocab_size}")
 
-
+# %% ../nbs/06_models.ipynb #85618055
 _TAG_TEXT = re.compile(r"</?[a-z][a-z0-9_]*>")
 
 
@@ -102,26 +103,35 @@ def tiny_model(tokenizer, cfg: TinyConfig = TinyConfig()):
         torch.manual_seed(cfg.seed)
         return Qwen2ForCausalLM(config).eval()
 
+# %% ../nbs/06_models.ipynb #7e2c4b7b
+PROVENANCE = "provenance.json"  # how afm made a model folder; folders saved before the name changed carry tiny.json
 
-def save_model(model, tokenizer, path: Path | str, tiny: dict | None = None) -> Path:
-    "Save model and tokenizer into `path` atomically (a temporary folder renamed); `tiny` is written as `tiny.json`, marking a tiny folder."
+
+def save_model(model, tokenizer, path: Path | str, provenance: dict | None = None) -> Path:
+    "Save model and tokenizer into `path` atomically (a temporary folder renamed), with `provenance` (how it was made) as `provenance.json`."
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
-    # a prefix-space tokenizer marks the folder too: AutoTokenizer would rebuild it as Qwen2Tokenizer, without the space
-    if tiny is None and adds_prefix_space(tokenizer): tiny = {"tokenizer": "byte-level BPE with a prefix space"}
-    if tiny is not None: (tmp / "tiny.json").write_text(json.dumps(tiny, indent=2))
+    if provenance is not None: (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2))
     shutil.rmtree(path, ignore_errors=True); tmp.rename(path)
     return path
 
 
+def provenance(path: Path | str) -> dict | None:
+    "How afm made the model folder `path` (its `provenance.json`, or an older folder's `tiny.json`); None when it did not, or the file is unreadable."
+    for name in (PROVENANCE, "tiny.json"):
+        try: return json.loads((Path(path) / name).read_text())
+        except (OSError, ValueError): continue
+    return None
+
+
 def build_tiny(cfg: TinyConfig = TinyConfig(), texts: Sequence[str] | None = None, path: Path | str | None = None) -> Path:
-    "Train the tokenizer, build the model and save both (and `tiny.json`: the config and a hash of the texts) to a folder."
+    "Train the tokenizer, build the model and save both (with their provenance: the config and a hash of the texts) to a folder."
     texts = tiny_texts() if texts is None else list(texts)
     key = hashlib.sha256(json.dumps([asdict(cfg), texts]).encode()).hexdigest()[:12]
     path = Path(path) if path else cache_dir("models", f"tiny-{key}")
-    if (path / "tiny.json").is_file(): return path
+    if (provenance(path) or {}).get("texts_sha256") == key and (path / "config.json").is_file(): return path
     tok = train_tokenizer(texts, cfg.vocab_size)
     return save_model(tiny_model(tok, cfg), tok, path, {"config": asdict(cfg), "texts": len(texts), "texts_sha256": key})
 
@@ -132,14 +142,18 @@ def tiny_chat_model(seed: int = 0, texts_limit: int = 300, context: int = 2048):
     return tiny_model(tok, TinyConfig(vocab_size=1000, hidden_size=64, layers=2, heads=4, kv_heads=2, context=context, seed=seed)), tok
 
 # %% ../nbs/06_models.ipynb #d4f63723
+def _prefix_space(spec: dict) -> bool:
+    "Whether a tokenizer of this `tokenizer.json` content puts a space before each run of text."
+    pre = spec.get("pre_tokenizer") or {}
+    return any(isinstance(p, dict) and p.get("type") == "ByteLevel" and p.get("add_prefix_space") for p in pre.get("pretokenizers", [pre]))
+
+
 def adds_prefix_space(tokenizer) -> bool:
     "Whether the tokenizer's pre-tokenizer puts a space before each run of text (read once per tokenizer)."
     known = getattr(tokenizer, "_afm_prefix_space", None)
     if known is not None: return known
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    pre = (json.loads(backend.to_str()).get("pre_tokenizer") or {}) if backend is not None else {}
-    parts = pre.get("pretokenizers", [pre])
-    known = any(p.get("type") == "ByteLevel" and p.get("add_prefix_space") for p in parts)
+    known = _prefix_space(json.loads(backend.to_str())) if backend is not None else False
     try: tokenizer._afm_prefix_space = known
     except AttributeError: pass
     return known
@@ -226,38 +240,115 @@ def tiny_config(profile: str = "tiny") -> TinyConfig:
     return profile_config(TinyConfig, load_profile(profile), "tiny_", where=f"settings.ini [{profile}]")
 
 
-def model_path(name_or_path: str, tiny: TinyConfig | None = None) -> Path:
-    "The folder `load` reads for `name_or_path`, building `tiny` or converting SmolLM2 first if needed."
+def model_path(name_or_path: str, size: TinyConfig | None = None) -> Path:
+    "The folder `load` reads for `name_or_path`, building `tiny` (of `size`, default the profile's) or converting SmolLM2 first if needed."
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"a model is a name or a folder, got {name_or_path!r}")
     name = str(name_or_path)
     if Path(name).expanduser().is_dir(): return Path(name).expanduser()
     if name.startswith((".", "/", "~")): raise FileNotFoundError(f"model folder {name} does not exist")
-    if name == "tiny": return build_tiny(tiny or tiny_config())
+    if name == "tiny": return build_tiny(size or tiny_config())
     if name in (SMOL_NAME, "smol"): return convert_smol()
     repo = HUB_MODELS.get(name.lower(), name)
     if repo not in HUB_MODELS.values() and "/" not in repo:
         raise ValueError(f"unknown model {name!r}: use a folder, one of {', '.join(LOCAL_MODELS)}, or a hub name "
                          f"such as {', '.join(sorted(HUB_MODELS.values())[:3])}")
+    if os.environ.get("AFM_DOWNLOAD") == "1": return download(repo)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
-    try: return Path(snapshot_download(repo, local_files_only=os.environ.get("AFM_DOWNLOAD") != "1"))
+    try: return Path(snapshot_download(repo, local_files_only=True))
     except (LocalEntryNotFoundError, OSError) as e:
         raise FileNotFoundError(f"model {repo} is not on this machine: download it where there is network "
                                 f"(`hf download {repo}`) into the Hugging Face cache, or pass a local folder; "
                                 f"AFM_DOWNLOAD=1 lets afm download it ({type(e).__name__})") from None
 
+# %% ../nbs/06_models.ipynb #d9da1630
+def download(repo: str, timeout: float | None = None) -> Path:
+    "Download hub model `repo` into the Hugging Face cache, each request bounded by `timeout` s (default `HF_HUB_ETAG_TIMEOUT`); its folder."
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+    from huggingface_hub import HfApi, constants, hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    timeout = constants.HF_HUB_ETAG_TIMEOUT if timeout is None else timeout
+    try:
+        info = HfApi().model_info(repo, timeout=timeout)
+        files = [s.rfilename for s in info.siblings or []]
+        if not files: raise FileNotFoundError(f"model {repo}: the hub lists no files for it")
+        with ThreadPoolExecutor(8) as pool:
+            paths = list(pool.map(lambda f: hf_hub_download(repo, f, revision=info.sha, etag_timeout=timeout), files))
+    except (httpx.TransportError, LocalEntryNotFoundError) as e:
+        raise TimeoutError(f"model {repo}: no answer from the hub at {constants.ENDPOINT} within {timeout:g} s ({type(e).__name__}); "
+                           f"HF_HUB_ETAG_TIMEOUT sets the limit, or download it where the network works (`hf download {repo}`)") from None
+    except HfHubHTTPError as e:
+        raise FileNotFoundError(f"model {repo}: the hub at {constants.ENDPOINT} answered {e.response.status_code} "
+                                f"({' '.join(str(e).split())[:200]})") from None
+    return Path(paths[0]).parents[len(Path(files[0]).parts) - 1]
 
-def load(name_or_path: str, tiny: TinyConfig | None = None, dtype: str = "float32"):
-    "`(model, tokenizer)` for a name (`tiny`, `smollm2-135m-instruct`, a hub name of the paper's models) or a folder."
-    path = model_path(name_or_path, tiny)  # a bad name fails here, before torch is imported
+# %% ../nbs/06_models.ipynb #6ba4dbdc
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _json_object(path: Path) -> dict:
+    "The JSON object in `path`, or a ValueError naming the folder and the file."
+    try: spec = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e: raise ValueError(f"{path.parent}: {path.name} is not valid JSON ({e})") from None
+    if not isinstance(spec, dict): raise ValueError(f"{path.parent}: {path.name} should hold a JSON object, not {type(spec).__name__}")
+    return spec
+
+
+def check_folder(path: Path | str) -> dict:
+    "Check the files `load` reads in `path` (a ValueError naming the folder and the problem); its `tokenizer.json` content, `{}` if none."
+    path = Path(path)
+    if not (path / "config.json").is_file(): raise ValueError(f"{path}: no config.json, so not a model folder (save_pretrained writes one)")
+    if not isinstance(_json_object(path / "config.json").get("model_type"), str): raise ValueError(f"{path}: config.json names no model_type")
+    for name in ("tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
+        if (path / name).is_file(): _json_object(path / name)
+    if not any((path / n).is_file() for n in TOKENIZERS): raise ValueError(f"{path}: no tokenizer (tokenizer.json); save the tokenizer there too")
+    if not any((path / n).is_file() for n in WEIGHTS): raise ValueError(f"{path}: no weights ({' or '.join(WEIGHTS[::2])})")
+    return _json_object(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else {}
+
+# %% ../nbs/06_models.ipynb #ac169cb3
+def _check_fit(path: Path, model, tokenizer, info: dict) -> None:
+    "A ValueError when the weights of `path` do not fit its config.json, or its tokenizer has ids the model cannot embed."
+    def more(keys): return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+    if bad := sorted(info["mismatched_keys"]):
+        k, saved, built = bad[0]
+        raise ValueError(f"{path}: config.json does not match the weights: {k} is {list(saved)} in the weights but {list(built)} "
+                         f"by config.json{more(bad)}")
+    for kind, what in (("missing_keys", "config.json expects weights the folder lacks"),
+                       ("unexpected_keys", "the weights hold tensors config.json has no place for")):
+        if bad := sorted(info[kind]): raise ValueError(f"{path}: {what}: {bad[0]}{more(bad)}")
+    if len(tokenizer) > (n := model.get_input_embeddings().num_embeddings):
+        raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds {n}: they do not belong together")
+
+# %% ../nbs/06_models.ipynb #1e8b6ae3
+def _load_errors() -> tuple[type, ...]:
+    "What transformers, safetensors and huggingface_hub raise on a broken folder (a bad config surfaces as TypeError or AttributeError)."
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+    return (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError, StrictDataclassError)
+
+
+def load(name_or_path: str, size: TinyConfig | None = None, dtype: str = "float32"):
+    "`(model, tokenizer)` for a name (`tiny` of `size`, `smollm2-135m-instruct`, a hub name of the paper's models) or a folder."
+    path = model_path(name_or_path, size)  # a bad name fails here, before torch is imported
+    spec = check_folder(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    if not isinstance(getattr(torch, str(dtype), None), torch.dtype): raise ValueError(f"dtype {dtype!r} is not a torch dtype (float32, bfloat16)")
+    quiet, level = logging.getLogger("transformers.modeling_utils"), None  # its table of mismatched tensors: one line below instead
     try:
         # transformers maps a qwen2 config to Qwen2Tokenizer, which rebuilds the pre-tokenizer without tiny's prefix space
-        tok = (PreTrainedTokenizerFast if (path / "tiny.json").is_file() else AutoTokenizer).from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a loadable model folder ({str(e).splitlines()[0][:200]})") from None
+        tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(path)
+        level = quiet.level; quiet.setLevel(logging.ERROR)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), ignore_mismatched_sizes=True,
+                                                           output_loading_info=True)
+    except _load_errors() as e:
+        what = "the weights cannot be read, cut short or not safetensors" if "Safetensor" in type(e).__name__ else "not a loadable model folder"
+        raise ValueError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+    finally:
+        if level is not None: quiet.setLevel(level)
+    _check_fit(path, model, tok, info)
     if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
     return model.eval(), tok
