@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-from array import array
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,6 +43,12 @@ def sft_rows(source) -> Iterator[tuple[str, dict]]:
     yield from _file_rows(path) if path.is_file() else _folder_rows(path)
 
 
+def _train_split(dd, where) -> Any:
+    "The `train` split of a `DatasetDict`; an error naming `where` and the splits when it has none."
+    if "train" not in dd: raise ValueError(f"{where}: no `train` split to train on (splits: {', '.join(dd) or 'none'})")
+    return dd["train"]
+
+# %% ../nbs/09_sft.ipynb #15fa37f0
 def _file_rows(path: Path) -> Iterator[tuple[str, dict]]:
     "`read_rows` of a data file; an error that does not say where (bad bytes, a broken parquet) gets the file and the last row read."
     last = None
@@ -51,8 +56,18 @@ def _file_rows(path: Path) -> Iterator[tuple[str, dict]]:
         for where, row in read_rows(path): last = where; yield where, row
     except (ValueError, OSError) as e:
         if str(e).startswith(str(path)): raise
-        raise ValueError(f"{path}: unreadable {f'after {last}' if last else 'from its start'} "
-                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        n = _undecodable_line(path) if isinstance(e, UnicodeDecodeError) and not path.name.endswith(".gz") else None
+        at = f"{path}:{n}: not UTF-8" if n else f"{path}: unreadable {f'after {last}' if last else 'from its start'}"
+        raise ValueError(f"{at} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+
+
+def _undecodable_line(path: Path) -> int | None:
+    "The number of the first line of `path` that is not UTF-8 text."
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try: raw.decode("utf-8")
+            except UnicodeDecodeError: return n
+    return None
 
 
 def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
@@ -67,11 +82,6 @@ def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
     if isinstance(ds, datasets.DatasetDict): ds = _train_split(ds, folder)
     if len(ds) == 0: raise ValueError(f"{folder}: the dataset has no rows")
     yield from ((f"{folder} row {i}", r) for i, r in enumerate(ds))
-
-
-def _train_split(dd, where) -> Any:
-    if "train" not in dd: raise ValueError(f"{where}: no `train` split to train on (splits: {', '.join(dd) or 'none'})")
-    return dd["train"]
 
 # %% ../nbs/09_sft.ipynb #4ff3e19f
 def conversation(row: Any, where: str) -> tuple[str | None, str, str]:
@@ -266,17 +276,17 @@ class SFTArgs:
                 raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of {', '.join(known)}")
 
 # %% ../nbs/09_sft.ipynb #ab8dfa48
-def data_digest(ds) -> str:
-    "A sha256 of a tokenised dataset's `input_ids` and `labels`, row by row: the data part of a run's identity."
-    h = hashlib.sha256()
-    for ids, labels in zip(ds["input_ids"], ds["labels"]):
-        h.update(len(ids).to_bytes(8, "little")); h.update(array("q", ids).tobytes()); h.update(array("q", labels).tobytes())
-    return h.hexdigest()
+def data_digest(data) -> dict:
+    "The rows of `data` (anything `sft_rows` reads, tokenised or not) counted and hashed in order: the data part of a run's identity."
+    h, n = hashlib.sha256(), 0
+    for _, row in sft_rows(data):
+        h.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"); n += 1
+    return {"rows": n, "sha256": h.hexdigest()}
 
 
-def run_identity(args: SFTArgs, ds) -> dict:
-    "What makes a run the run it is: its settings and the data it trains on (`data_digest`)."
-    return {"args": asdict(args), "data": {"rows": len(ds), "sha256": data_digest(ds)}}
+def run_identity(args: SFTArgs, data) -> dict:
+    "What makes a run the run it is: its settings and the rows it trains on (`data_digest`); no model is loaded to tell."
+    return {"args": asdict(args), "data": data_digest(data)}
 
 
 def identity_gap(there: dict, here: dict) -> str | None:
@@ -422,15 +432,13 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     if args.copy_steps or args.lm_epochs or args.lm_max_steps > 0:
         raise ValueError("train_sft trains one stage: copy_steps, lm_epochs and lm_max_steps are stages of sft_recipe (set them to 0 here)")
     if (model is None) != (tokenizer is None): raise ValueError("train_sft: pass model and tokenizer together, or neither")
-    ready = isinstance(data, datasets.Dataset) and "input_ids" in data.column_names  # tokenised already
-    if not ready: next(iter(sft_rows(data)), None)  # a bad path fails before anything loads
     check_context(args, model)
-    if model is None and not ready: model, tokenizer = load(args.model)
-    skipped: dict = {}
-    ds = data if ready else sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
-    identity = run_identity(args, ds)
+    identity = run_identity(args, data)  # reads every row: a bad path or file fails here, before anything loads
     if (done := finished_run(out, identity)) is not None: return done | {"already_finished": True}
     if model is None: model, tokenizer = load(args.model)
+    skipped: dict = {}
+    if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names: ds = data  # tokenised already
+    else: ds = sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
     train, val = sft_split(ds, args)
     trainer = sft_trainer(model, tokenizer, train, val, args, out, progress)
     last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
@@ -519,6 +527,8 @@ def sft_recipe(data, out: Path | str, args: SFTArgs | None = None, lm_texts=None
     from afm.models import load
     args, out = args or SFTArgs(), Path(out)
     start = start_model(args.model, data)
+    stage = replace(args, model=start, lm_epochs=0.0, lm_max_steps=-1, copy_steps=0)  # what every stage shares
+    check_context(stage)  # before the model loads
     lm, copy = args.lm_epochs > 0 or args.lm_max_steps > 0, args.copy_steps > 0
     tok = load(start)[1] if lm or copy else None  # the later stages save this tokenizer unchanged
     plan = []
@@ -529,7 +539,7 @@ def sft_recipe(data, out: Path | str, args: SFTArgs | None = None, lm_texts=None
         plan.append(("copy", prefix_dataset(data, tok, args.max_length, plain_tags=args.plain_tags),
                      dict(max_steps=args.copy_steps, val_fraction=0.0, early_stopping=0, mask_observations=True)))
     plan.append(("sft", data, {}))
-    runs, stage = {}, replace(args, model=start, lm_epochs=0.0, lm_max_steps=-1, copy_steps=0)
+    runs = {}
     for name, stage_data, changes in plan:
         runs[name] = train_sft(stage_data, out / name, replace(stage, **changes), progress=progress)
         stage = replace(stage, model=str(out / name / "model"))

@@ -1,6 +1,8 @@
-"""`afm sft` as a user runs it: a run killed mid-way and resumed, and a run on two processes."""
+"""`afm sft` and `train_sft` as a user runs them: a run killed mid-way and resumed, a run on two processes, a run that is what
+its inputs say (settings and data), bad settings and bad data refused in one line before anything trains, the recipe's stages."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,20 +49,20 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     steps = ["--max_steps", "12", "--save_steps", "4"]
     ref = train_sft(setup / "rows.jsonl", setup / "whole", SFTArgs(model=str(setup / "model"), max_steps=12, save_steps=4,
                     learning_rate=0.003, batch_size=1, val_fraction=0.0), progress=False)  # the same settings, uninterrupted
-    out = setup / "killed"
+    out = setup / "killed"  # the recipe's SFT stage trains in out/sft
     proc = subprocess.Popen(_cmd(setup, out, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-    mark = out / "checkpoints" / "checkpoint-4" / ELAPSED  # written after the rest of the checkpoint
+    mark = out / "sft" / "checkpoints" / "checkpoint-4" / ELAPSED  # written after the rest of the checkpoint
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not mark.is_file() and proc.poll() is None: time.sleep(0.05)
     proc.send_signal(signal.SIGKILL); proc.wait()
-    assert mark.is_file() and not (out / "sft.json").exists()  # killed after a checkpoint, before the end
+    assert mark.is_file() and not (out / "sft" / "sft.json").exists()  # killed after a checkpoint, before the end
     again = subprocess.run(_cmd(setup, out, *steps), capture_output=True, text=True, env=ENV, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    done = json.loads((out / "sft.json").read_text())
+    done = json.loads((out / "sft" / "sft.json").read_text())
     assert done["resumed_from"].startswith("checkpoint-") and done["steps"] == ref["steps"] == 12
-    before = json.loads((out / "checkpoints" / done["resumed_from"] / ELAPSED).read_text())["seconds"]
+    before = json.loads((out / "sft" / "checkpoints" / done["resumed_from"] / ELAPSED).read_text())["seconds"]
     assert 0 < done["resumed_seconds"] == round(before, 1) < done["train_seconds"]  # the killed process's seconds are counted
-    a, b = _losses(out), _losses(setup / "whole")
+    a, b = _losses(out / "sft"), _losses(setup / "whole")
     assert max(a) == 12 and all(abs(a[s] - b[s]) < 1e-4 * max(1.0, abs(b[s])) for s in a), (a, b)  # the same run, resumed
     assert abs(done["final_train_loss"] - ref["final_train_loss"]) < 1e-4 * max(1.0, ref["final_train_loss"])
 
@@ -73,8 +75,8 @@ def test_two_processes_end_with_the_same_weights(setup):
            "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "4", "--save_steps", "4")]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    done = json.loads((out / "sft.json").read_text())
-    ranks = [(out / f"rank{i}.sha256").read_text() for i in range(2)]
+    done = json.loads((out / "sft" / "sft.json").read_text())
+    ranks = [(out / "sft" / f"rank{i}.sha256").read_text() for i in range(2)]
     assert done["world_size"] == 2 and done["steps"] == 4 and ranks[0] == ranks[1]
     assert ranks[0] != _digest(load(str(setup / "model"))[0]) == _digest(load(str(setup / "model"))[0])  # trained, deterministic digest
 
@@ -82,10 +84,115 @@ def test_two_processes_end_with_the_same_weights(setup):
 @pytest.mark.parametrize("args, says", [
     (["--data", "/nonexistent/rows"], "/nonexistent/rows: no such SFT data"),
     (["--batch_size", "0"], "batch_size must be a whole number in [1, inf)"),
+    # checked when the arguments are made: a model that does not exist is never reached
+    (["--lr_scheduler", "cosine_typo", "--model", "/nonexistent/model"], "SFTArgs.lr_scheduler = 'cosine_typo' is not one transformers knows"),
+    (["--attention", "flash", "--model", "/nonexistent/model"], "SFTArgs.attention = 'flash' is not one transformers knows"),
+    (["--max_length", "1000000000", "--model", "/nonexistent/model"], "SFTArgs.max_length must be a whole number in [1, 1048576]"),
+    (["--max_length", "4096"], "SFTArgs.max_length = 4096 is longer than the context of"),  # read from the config, not loaded
 ])
 def test_bad_input_is_one_clear_line(setup, args, says):
-    r = subprocess.run([*_cmd(setup, setup / "bad"), *args], capture_output=True, text=True, env=ENV, timeout=120)
+    out = setup / "bad"
+    r = subprocess.run([*_cmd(setup, out), *args], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (out / "sft" / "args.json").exists()  # nothing left behind that would block the corrected run
+
+
+def _args(setup, **kw):
+    from afm.sft import SFTArgs
+    return SFTArgs(**{"model": str(setup / "model"), "max_steps": 2, "save_steps": 2, "batch_size": 1, "val_fraction": 0.0,
+                      "learning_rate": 0.003, **kw})
+
+
+def test_other_data_in_the_same_folder_is_refused_not_reported_finished(setup, tmp_path):
+    rows = setup / "rows.jsonl"
+    other = tmp_path / "other.jsonl"  # the same rows but one: another data file
+    other.write_text("".join(rows.read_text().splitlines(keepends=True)[1:]))
+    out = tmp_path / "run"
+    first = subprocess.run(_cmd(setup, out, "--max_steps", "2", "--save_steps", "2"), capture_output=True, text=True, env=ENV, timeout=300)
+    assert first.returncode == 0 and "already finished" not in first.stdout, first.stderr[-2000:]
+    again = subprocess.run(_cmd(setup, out, "--max_steps", "2", "--save_steps", "2"), capture_output=True, text=True, env=ENV, timeout=300)
+    assert again.returncode == 0 and "(already finished)" in again.stdout  # the same inputs: the same run
+    r = subprocess.run([*_cmd(setup, out, "--max_steps", "2", "--save_steps", "2"), "--data", str(other)], capture_output=True,
+                       text=True, env=ENV, timeout=300)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{out / 'sft'} holds a finished run of other data (12 rows" in r.stderr and "11 rows" in r.stderr, r.stderr
+
+
+def test_a_resume_checks_the_data_too(setup, tmp_path):
+    import shutil
+    from afm.sft import sft_rows, train_sft
+    rows = [r for _, r in sft_rows(setup / "rows.jsonl")]
+    out = tmp_path / "run"
+    train_sft(rows, out, _args(setup), progress=False)
+    shutil.rmtree(out / "model"); (out / "sft.json").unlink()  # what a run killed after its last checkpoint leaves
+    with pytest.raises(ValueError, match=r"holds a run of other data \(12 rows, sha256 \w+ there; 11 rows"):
+        train_sft(rows[1:], out, _args(setup), progress=False)
+    assert train_sft(rows, out, _args(setup), progress=False)["resumed_from"] == "checkpoint-2"  # the same data resumes
+
+
+def test_a_run_that_failed_on_its_data_does_not_block_the_corrected_one(setup, tmp_path):
+    from afm.sft import train_sft
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="no trainable rows"):
+        train_sft(setup / "rows.jsonl", out, _args(setup, max_length=40), progress=False)  # every row longer than 40 tokens
+    assert not (out / "args.json").exists()
+    done = train_sft(setup / "rows.jsonl", out, _args(setup), progress=False)
+    assert done["steps"] == 2 and json.loads((out / "args.json").read_text())["args"]["max_length"] == 2048
+
+
+def _bad_files(folder: Path, good: dict) -> list[tuple[Path, str]]:
+    "Data files each broken in one way, with what the error must say."
+    import datasets
+    line = json.dumps(good) + "\n"
+    cases = {"kind.jsonl": line + json.dumps({**good, "kind": "poem"}) + "\n", "shape.jsonl": line * 2 + '{"messages": {"role": "user"}}\n',
+             "turn.jsonl": line + json.dumps({"messages": [{"role": "user", "content": ["a", "list"]}]}) + "\n",
+             "notjson.json": "[{]", "bytes.jsonl": None, "x.parquet": "PAR1 not a parquet file PAR1"}
+    for name, text in cases.items():
+        if text is None: (folder / name).write_bytes(line.encode() + b"\xff\xfe{}\n")
+        else: (folder / name).write_text(text)
+    says = {"kind.jsonl": "kind.jsonl:2: `kind` must be one of", "shape.jsonl": "shape.jsonl:3: `messages` must be a list",
+            "turn.jsonl": "turn.jsonl:2: `messages[0]` must have a role", "notjson.json": "notjson.json: unreadable from its start",
+            "bytes.jsonl": "bytes.jsonl:2: not UTF-8", "x.parquet": "x.parquet: unreadable from its start"}
+    out = [(folder / k, v) for k, v in says.items()]
+    datasets.Dataset.from_list([good] * 4).save_to_disk(str(folder / "broken"))
+    for f in (folder / "broken").glob("*.arrow"): f.write_bytes(b"not arrow")
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list([good] * 4)}).save_to_disk(str(folder / "nosplit"))
+    return out + [(folder / "broken", "broken: not a readable datasets folder"), (folder / "nosplit", "nosplit: no `train` split")]
+
+
+def test_bad_data_names_the_file_and_the_row(setup, tmp_path):
+    from afm.sft import train_sft
+    good = json.loads((setup / "rows.jsonl").read_text().splitlines()[0])
+    for path, says in _bad_files(tmp_path, good):
+        with pytest.raises(ValueError) as e: train_sft(path, tmp_path / "out", _args(setup), progress=False)
+        assert says in str(e.value) and "\n" not in str(e.value), (path, str(e.value))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_huge_row_is_skipped_by_its_characters_before_tokenising(setup, tmp_path):
+    from afm.sft import train_sft
+    good = json.loads((setup / "rows.jsonl").read_text().splitlines()[0])
+    huge = {**good, "messages": [*good["messages"][:2], {"role": "assistant", "content": "<think>" + "ab " * 3_500_000 + "</think><answer>1</answer>"}]}
+    (tmp_path / "rows.jsonl").write_text((setup / "rows.jsonl").read_text() + json.dumps(huge) + "\n")  # a 10 MB row on line 13
+    t0 = time.perf_counter()
+    done = train_sft(tmp_path / "rows.jsonl", tmp_path / "out", _args(setup, max_steps=1, save_steps=1), progress=False)
+    reason = [k for k in done["skipped"] if k.startswith("longer than") and k.endswith(" characters")]
+    assert done["rows"] == 12 and len(reason) == 1 and done["skipped"][reason[0]] == 1, done["skipped"]
+    assert time.perf_counter() - t0 < 60
+
+
+def test_the_recipe_runs_stages_each_checking_its_own_identity(setup, tmp_path):
+    from afm.sft import sft_recipe, train_sft
+    args, out = _args(setup, copy_steps=2), tmp_path / "recipe"
+    runs = sft_recipe(setup / "rows.jsonl", out, args, progress=False)
+    assert list(runs) == ["copy", "sft"] and runs["copy"]["steps"] == runs["sft"]["steps"] == 2
+    assert runs["copy"]["args"]["model"] == str(setup / "model") and runs["sft"]["args"]["model"] == str(out / "copy" / "model")
+    assert runs["copy"]["trained_tokens"] < runs["sft"]["trained_tokens"]  # prefixes, then whole rows
+    assert all(r["already_finished"] for r in sft_recipe(setup / "rows.jsonl", out, args, progress=False).values())
+    with pytest.raises(ValueError, match=re.escape(f"{out / 'copy'} holds a finished run of other settings (max_steps 2 there, 3 here)")):
+        sft_recipe(setup / "rows.jsonl", out, _args(setup, copy_steps=3), progress=False)
+    with pytest.raises(ValueError, match="train_sft trains one stage"):
+        train_sft(setup / "rows.jsonl", tmp_path / "one", args, progress=False)
 
 
 def test_a_profile_key_of_the_wrong_type_is_named(setup, tmp_path):
