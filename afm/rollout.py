@@ -85,8 +85,10 @@ class Episode:
 
 # %% ../nbs/08_rollout.ipynb #ac9f941b
 def turn_seed(seed: int, task_id: str, sample: int, turn: int) -> int:
-    "The sampling seed of one turn: a 64-bit hash of the rollout's seed, the task's id, which sample of that task it is, and the turn."
-    return int.from_bytes(hashlib.blake2b(json.dumps([seed, task_id, sample, turn]).encode(), digest_size=8).digest(), "little")
+    """The sampling seed of one turn: a 63-bit hash of the rollout's seed, the task's id, which sample of that task it is,
+    and the turn; below 2**63, so that every engine and every OpenAI-compatible endpoint (an int64 seed) takes it."""
+    digest = hashlib.blake2b(json.dumps([seed, task_id, sample, turn]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 # %% ../nbs/08_rollout.ipynb #41c9fa71
 class _State:
@@ -111,53 +113,62 @@ def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = Non
     An episode's tool call runs in a thread of its own while the other episodes keep generating, and the episode rejoins
     the batch in flight as soon as its observation is back (`Engine.run`). `stats`, when given, receives the wall time,
     the time spent in tool calls, and the time spent waiting on tools with nothing to generate."""
-    t_start, waited = time.perf_counter(), [0.0]
-    cfg, box = config or RolloutConfig(), toolbox or Toolbox()
-    tok, tags, controls = engine.tokenizer, box.registry.tags, control_tokens(engine.tokenizer)
-    stops = tuple(stop_strings(tags))
-    single = tuple(ids[0] for s in stops if len(ids := tok(s, add_special_tokens=False)["input_ids"]) == 1)
-    states, ready, pending, asked, seen = [], [], {}, {}, Counter()  # asked: id(request) -> the episode it continues
+    t_start, cfg, box = time.perf_counter(), config or RolloutConfig(), toolbox or Toolbox()
+    states, seen = [], Counter()
     for task in tasks:
-        ep = Episode(task.id, prompt_ids(tok, task, box.registry, cfg.system, cfg.system_style))
-        states.append(st := _State(task, ep, box.session(task.question), seen[task.id]))
+        ep = Episode(task.id, prompt_ids(engine.tokenizer, task, box.registry, cfg.system, cfg.system_style))
+        states.append(_State(task, ep, box.session(task.question), sample=seen[task.id]))
         seen[task.id] += 1
-        if len(ep.prompt_ids) >= engine.context: _end(st, "context", tok, tags)
-        else: ready.append(st)
     with progress_bar(total=len(states), desc="episodes", disable=not progress) as bar:
-        bar.update(sum(1 for s in states if s.ep.end))
-
-        def pull(idle: bool):
-            "The episodes ready to generate: new ones and those whose observation is back (waiting for one when idle)."
-            while True:
-                now, limit = time.perf_counter(), cfg.tool_timeout_s + _GRACE_S
-                for fut in [f for f, (started, _) in pending.items() if f.done() or now - started > limit]:
-                    _, st = pending.pop(fut)
-                    if _observe(st, fut, engine, cfg, tags, controls): ready.append(st)
-                    else: bar.update(1)
-                if ready or not idle: break
-                if not pending: return None  # every episode has ended
-                first = min(started for started, _ in pending.values())
-                wait(list(pending), timeout=max(0.0, first + limit - now), return_when=FIRST_COMPLETED)
-                waited[0] += time.perf_counter() - now
-            reqs = [Request(s.ep.prompt_ids + s.ep.completion_ids, _params(s, cfg, stops, single, engine), key=id(s)) for s in ready]
-            asked.update((id(r), s) for r, s in zip(reqs, ready))
-            ready.clear()
-            return reqs
-
-        def done(_, req: Request, g: Generation) -> None:
-            "A turn ended: start its tool call, or end the episode."
-            s = asked.pop(id(req))
-            s.ep.turns += 1
-            s.ep.completion_ids += g.ids; s.ep.env_mask += [1] * len(g.ids); s.ep.logprobs += g.logprobs
-            call = _next(s, g, cfg, tok, tags, engine.context)
-            if call is None: bar.update(1)
-            else: pending[_spawn(_call, s, *call, cfg.tool_timeout_s)] = (time.perf_counter(), s)
-
-        engine.run(pull, done)
+        loop = _Loop(engine, cfg, box.registry.tags, bar)
+        for s in states:
+            if len(s.ep.prompt_ids) < engine.context: loop.ready.append(s)
+            else: _end(s, "context", engine.tokenizer, loop.tags); bar.update(1)
+        engine.run(loop.pull, loop.done)
     for s in states: engine.forget(id(s))
     if stats is not None:
-        stats.update(wall_s=time.perf_counter() - t_start, tool_wait_s=waited[0], tool_s=sum(s.ep.tool_seconds for s in states))
+        stats.update(wall_s=time.perf_counter() - t_start, tool_wait_s=loop.waited, tool_s=sum(s.ep.tool_seconds for s in states))
     return [s.ep for s in states]
+
+# %% ../nbs/08_rollout.ipynb #c6d948cd
+class _Loop:
+    "The episodes of one `rollout` call between the engine and the tools: those ready to generate, and those waiting on a tool."
+    def __init__(self, engine: Engine, cfg: RolloutConfig, tags, bar):
+        self.engine, self.cfg, self.tags, self.bar, self.tok = engine, cfg, tags, bar, engine.tokenizer
+        self.controls, self.stops = control_tokens(self.tok), tuple(stop_strings(tags))
+        self.single = tuple(ids[0] for s in self.stops if len(ids := self.tok(s, add_special_tokens=False)["input_ids"]) == 1)
+        self.ready: list[_State] = []
+        self.pending: dict[Future, tuple[float, _State]] = {}  # a running tool call -> (when it started, its episode)
+        self.asked: dict[int, _State] = {}  # id(request) -> the episode it continues
+        self.waited = 0.0  # seconds spent waiting on tools with nothing to generate
+
+    def pull(self, idle: bool) -> list[Request] | None:
+        "The episodes ready to generate: new ones and those whose observation is back (waiting for one when idle)."
+        while True:
+            now, limit = time.perf_counter(), self.cfg.tool_timeout_s + _GRACE_S
+            for fut in [f for f, (started, _) in self.pending.items() if f.done() or now - started > limit]:
+                _, s = self.pending.pop(fut)
+                if _observe(s, fut, self.engine, self.cfg, self.tags, self.controls): self.ready.append(s)
+                else: self.bar.update(1)
+            if self.ready or not idle: break
+            if not self.pending: return None  # every episode has ended
+            first = min(started for started, _ in self.pending.values())
+            wait(list(self.pending), timeout=max(0.0, first + limit - now), return_when=FIRST_COMPLETED)
+            self.waited += time.perf_counter() - now
+        reqs = [Request(s.ep.prompt_ids + s.ep.completion_ids, _params(s, self.cfg, self.stops, self.single, self.engine), key=id(s))
+                for s in self.ready]
+        self.asked.update((id(r), s) for r, s in zip(reqs, self.ready))
+        self.ready = []
+        return reqs
+
+    def done(self, _, req: Request, g: Generation) -> None:
+        "A turn ended: start its tool call, or end the episode."
+        s = self.asked.pop(id(req))
+        s.ep.turns += 1
+        s.ep.completion_ids += g.ids; s.ep.env_mask += [1] * len(g.ids); s.ep.logprobs += g.logprobs
+        call = _next(s, g, self.cfg, self.tok, self.tags, self.engine.context)
+        if call is None: self.bar.update(1)
+        else: self.pending[_spawn(_call, s, *call, self.cfg.tool_timeout_s)] = (time.perf_counter(), s)
 
 # %% ../nbs/08_rollout.ipynb #f8e28366
 def _params(s: _State, cfg: RolloutConfig, stops, single, engine) -> SamplingParams:

@@ -113,10 +113,10 @@ def test_a_seed_out_of_range_is_refused_naming_it(bad):
 
 def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
     from afm.fit import calls_tools
-    from afm.models import save_model, tiny_chat_model
+    from afm.models import provenance, save_model, tiny_chat_model
     examples = one_search_examples()
     folder = tool_caller_folder(examples, steps=200, seed=3)
     save_model(*tiny_chat_model(3), folder, {"fitted": "not at all"})  # what another machine's fit could leave: no tool calls
     model, tok = tool_calling_tiny(seed=3)
     assert calls_tools(model, tok, [t for t, _ in examples[:8]]) >= 0.75
-    assert json.loads((folder / "tiny.json").read_text())["fitted"]["calls_tools"] >= 0.75
+    assert provenance(folder)["fitted"]["calls_tools"] >= 0.75
