@@ -77,5 +77,5 @@ def main(argv: list[str] | None = None) -> int:
     try: return int(fn(rest) or 0)
     except (ValueError, OSError) as e:  # a bad input (a model folder, a file, a setting) named by its message: one line
         if os.environ.get("AFM_DEBUG") == "1": raise
-        print(f"afm {a.command}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"afm {' '.join(argv[:len(argv) - len(rest)])}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
         return 1

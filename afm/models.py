@@ -337,18 +337,18 @@ def load(name_or_path: str, size: TinyConfig | None = None, dtype: str = "float3
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     if not isinstance(getattr(torch, str(dtype), None), torch.dtype): raise ValueError(f"dtype {dtype!r} is not a torch dtype (float32, bfloat16)")
-    quiet, level = logging.getLogger("transformers.modeling_utils"), None  # its table of mismatched tensors: one line below instead
+    # its table of mismatched tensors becomes one line below (a filter: raising the logger's level makes transformers 5.17 warn more)
+    quiet, errors_only = logging.getLogger("transformers.modeling_utils"), lambda record: record.levelno >= logging.ERROR
     try:
         # transformers maps a qwen2 config to Qwen2Tokenizer, which rebuilds the pre-tokenizer without tiny's prefix space
         tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(path)
-        level = quiet.level; quiet.setLevel(logging.ERROR)
+        quiet.addFilter(errors_only)
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), ignore_mismatched_sizes=True,
                                                            output_loading_info=True)
     except _load_errors() as e:
         what = "the weights cannot be read, cut short or not safetensors" if "Safetensor" in type(e).__name__ else "not a loadable model folder"
         raise ValueError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
-    finally:
-        if level is not None: quiet.setLevel(level)
+    finally: quiet.removeFilter(errors_only)
     _check_fit(path, model, tok, info)
     if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
     return model.eval(), tok

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 AFM = str(Path(sys.executable).with_name("afm"))
 
@@ -91,3 +93,79 @@ def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys
         code, err = run("--settings", str(tmp_path / "bad.ini"))
         assert code != 0 and words in err and len(err.strip().splitlines()) == 1, (text, err[-500:])
     assert not (tmp_path / "out" / "sft.jsonl").exists()
+
+
+def test_run_refuses_a_profile_key_that_nothing_reads_before_running_anything(tmp_path):
+    settings, reports = tmp_path / "settings.ini", tmp_path / "reports"
+    settings.write_text("[quick]\ndescription = test\nsft_learnig_rate = 0.001\n")
+    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters", "02b_crawl")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "unknown key 'sft_learnig_rate' (did you mean 'sft_learning_rate'?)" in r.stderr and str(settings) in r.stderr
+    assert not reports.exists()  # nothing ran
+
+
+def test_every_profile_of_the_repository_is_read_whole():
+    from afm.core import load_profiles
+    from afm.reproduce import check_profile
+    for name, params in load_profiles(REPO / "settings.ini").items():
+        check_profile(params, REPO / "nbs", f"settings.ini [{name}]")
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory):
+    "A tiny model folder broken each way a folder breaks, and rows for the commands that need data."
+    from afm.coa import examples, render
+    from afm.models import save_model, tiny_chat_model
+    from afm.prompts import system_prompt
+    tmp = tmp_path_factory.mktemp("models")
+    good = save_model(*tiny_chat_model(texts_limit=50), tmp / "good")
+    def config(d, **change): (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **change}))
+    breaks = {"truncated": lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
+              "hidden-size": lambda d: config(d, hidden_size=128),
+              "config-list": lambda d: (d / "config.json").write_text("[]"),
+              "no-tokenizer": lambda d: (d / "tokenizer.json").unlink(),
+              "no-weights": lambda d: (d / "model.safetensors").unlink()}
+    for name, spoil in breaks.items():
+        shutil.copytree(good, tmp / name); spoil(tmp / name)
+    with (tmp / "rows.jsonl").open("w") as f:
+        for _ in range(2):
+            for traj in examples().values():
+                f.write(json.dumps({"kind": "qa", "messages": [{"role": "system", "content": system_prompt("qa")},
+                        {"role": "user", "content": traj.question}, {"role": "assistant", "content": render(traj)}]}) + "\n")
+    (tmp / "settings.ini").write_text("[quick]\ndescription = test\n")
+    return tmp, list(breaks)
+
+
+def _one_line(r, folder, words):
+    "The command failed with one line (after any progress bar) naming the folder and the problem, and no traceback."
+    lines = [l for l in r.stderr.splitlines() if l.strip() and "it/s]" not in l]
+    assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert str(folder) in lines[0] and words in lines[0], lines[0]
+
+
+def test_every_command_that_loads_a_model_names_the_broken_folder_in_one_line(broken_models, tmp_path):
+    tmp, breaks = broken_models
+    words = {"truncated": "the weights cannot be read", "hidden-size": "config.json does not match the weights",
+             "config-list": "config.json should hold a JSON object", "no-tokenizer": "no tokenizer", "no-weights": "no weights"}
+    for name in breaks:  # every way a folder breaks, through one command
+        _one_line(afm("serve", "model", "--model", str(tmp / name), "--port", "0", timeout=120), tmp / name, words[name])
+    data, quick = ["--data", str(tmp / "rows.jsonl")], ["--profile", "quick", "--settings", str(tmp / "settings.ini")]
+    for name, cmd in (("hidden-size", ["sft", *quick, *data, "--out", str(tmp_path / "sft")]),  # every command, one way each
+                      ("truncated", ["bench", "rollout", "--tasks", "1"]),
+                      ("config-list", ["bench", "sft", *data, "--rows", "2"])):
+        _one_line(afm(*cmd, "--model", str(tmp / name), timeout=300), tmp / name, words[name])
+
+
+def test_a_hub_that_never_answers_fails_load_within_its_timeout(tmp_path):
+    """AFM_DOWNLOAD=1 against a hub that accepts the connection and never answers: one line naming the model and the limit."""
+    import socket, time
+    with socket.socket() as hub:
+        hub.bind(("127.0.0.1", 0)); hub.listen(64)  # the kernel accepts connections for it; nobody ever answers
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "AFM_DOWNLOAD": "1", "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}",
+               "HF_HUB_ETAG_TIMEOUT": "2", "HF_HOME": str(tmp_path / "hf")}
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", "from afm.models import load; load('Qwen/Qwen2.5-7B-Instruct')"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        took = time.monotonic() - t0
+    assert r.returncode != 0 and "TimeoutError: model Qwen/Qwen2.5-7B-Instruct: no answer from the hub" in r.stderr, r.stderr[-2000:]
+    assert "within 2 s" in r.stderr and took < 30, took  # 2 s for the model's page, up to 3 s for huggingface_hub's own first request
