@@ -62,6 +62,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("06_models", "models"),
     Chapter("07_engine", "engine"),
     Chapter("07a_serve", "serve", commands=("serve model",)),
+    Chapter("07b_fit", "fit", pipeline=False),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
     Chapter("09_sft", "sft", commands=("sft", "bench sft")),
     Chapter("10_rl", "rl", commands=("rl",)),
