@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'TEMPERATURE', 'TOP_P', 'RETRY_STATUS', 'Completion', 'ChatBackend', 'BackendError', 'check_request',
-           'count_tokens', 'Endpoint', 'retryable', 'LLMClient', 'serve_in_thread']
+           'count_tokens', 'Endpoint', 'retryable', 'retry_policy', 'describe_failure', 'LLMClient', 'serve_in_thread']
 
 # %% ../nbs/01_llm.ipynb #32bdd122
 @dataclass
@@ -117,6 +117,12 @@ def retryable(e: BaseException) -> bool:
     return isinstance(e, (httpx.RequestError, ValueError))
 
 
+def retry_policy(retries: int, wait) -> tenacity.Retrying:
+    "Up to `retries` more attempts after a failure that `retryable` allows, `wait(state)` seconds apart; the last error is re-raised."
+    return tenacity.Retrying(stop=tenacity.stop_after_attempt(retries + 1), wait=wait,
+                             retry=tenacity.retry_if_exception(retryable), reraise=True)
+
+
 def _server_message(r: httpx.Response) -> str:
     "The message of an error body (OpenAI's `{error: {message}}` or vLLM's `{message}`), else the start of the body."
     try:
@@ -125,7 +131,7 @@ def _server_message(r: httpx.Response) -> str:
     except (ValueError, KeyError, TypeError, AttributeError): return r.text[:200]
 
 
-def _describe(e: BaseException, timeout_s: float) -> str:
+def describe_failure(e: BaseException, timeout_s: float) -> str:
     "A failed attempt in a few words: the HTTP status and the server's message, the timeout, or the exception."
     if isinstance(e, httpx.HTTPStatusError): return f"HTTP {e.response.status_code}: {_server_message(e.response)}"
     if isinstance(e, httpx.TimeoutException): return f"timed out after {timeout_s:g} s ({type(e).__name__})"
@@ -183,8 +189,7 @@ class LLMClient:
             if len(tried) < len(self._slots): return 0.0
             tried.clear(); rounds += 1
             return self._delay(rounds) * random.uniform(0.5, 1.0)
-        policy = tenacity.Retrying(stop=tenacity.stop_after_attempt(self.retries + 1), wait=pause,
-                                   retry=tenacity.retry_if_exception(retryable), reraise=True)
+        policy = retry_policy(self.retries, pause)
         try:
             for attempt in policy:
                 with attempt: slot, out = self._attempt(tried, errors, messages, max_tokens, temperature, stop)
@@ -213,7 +218,7 @@ class LLMClient:
                 return slot, out
             except (httpx.HTTPError, ValueError) as e:
                 failed = retryable(e)  # a rejected request is not the endpoint's fault
-                errors[slot.endpoint.base_url] = _describe(e, slot.endpoint.timeout_s)
+                errors[slot.endpoint.base_url] = describe_failure(e, slot.endpoint.timeout_s)
                 tried.add(slot)
                 raise
             finally: self._release(slot, failed)
