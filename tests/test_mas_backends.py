@@ -174,7 +174,7 @@ def test_client_errors_are_not_retried(scripted, tiny):
         assert server.calls == 1
         assert str(e.value) == f"{server.url} rejected the request (not retried): HTTP {status}: scripted {status}"
     _, url = tiny  # a real rejection: the request does not fit the tiny model's context
-    with pytest.raises(BackendError, match=r"HTTP 400: transformers:afm-tiny: a prompt of \d+ tokens plus max_tokens=4000"):
+    with pytest.raises(BackendError, match=r"HTTP 400: a prompt of \d+ tokens plus max_tokens=4000 exceeds the context"):
         LLMClient([Endpoint(url, "tiny")], **FAST).complete(CHAT, max_tokens=4000)
 
 

@@ -1,4 +1,5 @@
-"""`afm serve model` as a user runs it: a real process on a free port, real HTTP, and clear one-line errors."""
+"""`afm serve model` as a user runs it: a real process on a free port, real HTTP, and clear one-line errors; and the server
+as the official `openai` client sees it."""
 import json
 import os
 import subprocess
@@ -31,7 +32,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_serves_a_model_folder_over_http(tiny_folder):
-    proc = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--port", "0"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--port", "0", "--max-body-mb", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         line = proc.stdout.readline()
@@ -47,7 +48,9 @@ def test_serves_a_model_folder_over_http(tiny_folder):
         assert bad.status_code == 400 and "temperature" in bad.json()["error"]["message"]
         events = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "stream": True}, timeout=60).text
         assert events.rstrip().endswith("data: [DONE]") and json.loads(events.split("\n")[0][6:])["object"] == "text_completion"
-        assert httpx.get(f"{url}/health").json()["status"] == "ok"  # still up after the bad request
+        big = httpx.post(f"{url}/v1/completions", json={"prompt": "x" * 1_200_000}, timeout=60)
+        assert big.status_code == 413 and "1,048,576 bytes" in big.json()["error"]["message"]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"  # still up after the bad requests
     finally:
         proc.terminate(); proc.wait(10)
 
@@ -56,6 +59,7 @@ def test_serves_a_model_folder_over_http(tiny_folder):
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--model", "/nonexistent/folder"], "model folder /nonexistent/folder does not exist"),
     (["--model", "tiny", "--port", "99999"], "--port must be 0-65535"),
+    (["--model", "tiny", "--max-body-mb", "0"], "--max-body-mb must be above 0"),
 ])
 def test_bad_input_is_one_clear_line(args, says):
     t0 = time.monotonic()
@@ -67,4 +71,64 @@ def test_bad_input_is_one_clear_line(args, says):
 def test_a_corrupt_folder_is_named(tmp_path):
     (tmp_path / "config.json").write_text("{broken")
     r = subprocess.run([AFM, "serve", "model", "--model", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 2 and str(tmp_path) in r.stderr and "not a loadable model folder" in r.stderr, r.stderr
+    assert r.returncode == 2 and str(tmp_path) in r.stderr and "config.json" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# --- the official `openai` client against the server, in process (the tiny chat model; every call over real HTTP)
+
+@pytest.fixture(scope="module")
+def client():
+    openai = pytest.importorskip("openai")  # the `dev` extra
+    from afm.engine import EngineBackend, TransformersEngine
+    from afm.llm import serve_in_thread
+    from afm.models import tiny_chat_model
+    from afm.serve import BatchingEngine, serve_chat
+    model, tok = tiny_chat_model()
+    server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(TransformersEngine(model, tok)))))
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    server.should_exit = True
+
+
+CHAT = [{"role": "developer", "content": "You are the planner."},
+        {"role": "user", "content": [{"type": "text", "text": "Who founded the company?"}]}]
+
+
+def test_openai_chat(client):
+    r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=0, user="me", presence_penalty=0)
+    again = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and isinstance(r.choices[0].message.content, str) and r.usage.completion_tokens >= 1
+    assert r.choices[0].message.content == again.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_openai_completions_with_token_ids(client):
+    r = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=4, temperature=0, extra_body={"return_token_ids": True})
+    assert r.object == "text_completion" and len(r.choices[0].token_ids) == r.usage.completion_tokens and r.usage.prompt_tokens == 3
+
+
+def test_openai_streaming_with_usage(client):
+    chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, seed=3, stream=True,
+                                                 stream_options={"include_usage": True}))
+    whole = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, seed=3)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_openai_n_and_seed(client):
+    a = client.completions.create(model="tiny", prompt="Where is Paris?", max_tokens=6, n=3, seed=-7)
+    b = client.completions.create(model="tiny", prompt="Where is Paris?", max_tokens=6, n=3, seed=-7)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices] and [c.index for c in a.choices] == [0, 1, 2]
+    assert len({c.text for c in a.choices}) > 1
+
+
+def test_openai_bad_request_is_raised_with_the_message(client):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5000)
+    assert "exceeds the context of 2048 tokens" in e.value.message and e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", frequency_penalty=1.0)
+    assert "penalty" in e.value.message and e.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", extra_body={"max_tokens": "10"})
+    assert e.value.param == "max_tokens"
