@@ -99,11 +99,11 @@ def reason(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
-# %% ../nbs/07_engine.ipynb #e0d2e38b
-Pull = Callable[[bool], "Sequence[Request] | None"]
-Done = Callable[[int, Request, Generation], None]
+# %% ../nbs/07_engine.ipynb #505d01da
+Pull = Callable[[bool], "Sequence[Request] | None"]  # `run`'s source of requests: pull(idle) -> the ready ones, or None at the end
+Done = Callable[[int, Request, Generation], None]  # `run`'s sink: done(index, request, generation) as each one ends
 
-
+# %% ../nbs/07_engine.ipynb #24b759a5
 class Engine:
     """Generation over token ids: what the rollout, evaluation, RL and the server need from a model. Token ids in, token
     ids and log-probabilities out; a request that cannot be generated fails alone (`Generation.finish == "error"`)."""
@@ -130,10 +130,9 @@ class Engine:
             if (why := self.refusal(r)) is not None: raise ValueError(f"requests[{i}] {why}")
 
     def run(self, pull: Pull, done: Done) -> None:
-        """Generate requests as the caller makes them ready. `pull(idle)` returns the requests ready now (`idle`: none is in
-        flight, so it may block until one is), or None when no more will come; `done(index, request, generation)` receives
-        each as it finishes, `index` counting the pulled requests from 0. Here each `pull` is generated as one batch (a
-        refused or cancelled request ends at once); `TransformersEngine` lets requests join the batch in flight."""
+        """Generate requests as the caller makes them ready: `pull(idle)` gives the requests ready now (`idle`: none is in
+        flight, so it may block), or None when no more will come; `done(index, request, generation)` gets each as it ends,
+        `index` counting pulled requests from 0. Here one batch per `pull`; `TransformersEngine` lets requests join the batch."""
         count = 0
         while (reqs := pull(True)) is not None:
             ended = [_ended(self, r) for r in reqs]
@@ -146,12 +145,6 @@ class Engine:
     def update_weights(self, weights) -> None:
         "Take new weights (a model or a state dict) before the next generation: what RL does after each step."
         raise NotImplementedError(f"{self.name} cannot take new weights")
-
-
-def _ended(engine: Engine, r: Request) -> Generation | None:
-    "The generation a request gets without running: an error when the engine refuses it, `cancelled` when it was; else None."
-    if (why := engine.refusal(r)) is not None: return Generation.failed(f"the request {why}")
-    return Generation([], [], "cancelled") if r.is_cancelled else None
 
 # %% ../nbs/07_engine.ipynb #24a0c110
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -178,6 +171,11 @@ def text_of(tokenizer, g: Generation, stop: Sequence[str]) -> tuple[str, str]:
     "A generation's text for the OpenAI API, cut before the first stop string, and its finish reason (stop or length)."
     text, cut = cut_at_stop(tokenizer.decode(g.ids, skip_special_tokens=True), stop)
     return text, "stop" if g.finish == "stop" or cut else "length"
+
+def _ended(engine: Engine, r: Request) -> Generation | None:
+    "The generation a request gets without running: an error when the engine refuses it, `cancelled` when it was; else None."
+    if (why := engine.refusal(r)) is not None: return Generation.failed(f"the request {why}")
+    return Generation([], [], "cancelled") if r.is_cancelled else None
 
 # %% ../nbs/07_engine.ipynb #b56487f3
 class _Row:
@@ -269,7 +267,7 @@ def _admit(self: TransformersEngine, batch, active: list[_Row], waiting: deque, 
         except Exception as e: self._end(row, "error", done, f"the prompt cannot be prefilled: {reason(e)}")
     return batch, active
 
-
+# %% ../nbs/07_engine.ipynb #ac447312
 @patch
 def _end(self: TransformersEngine, row: _Row, finish: str, done: Done, error: str | None = None) -> None:
     "End a row that is not in the batch."
@@ -288,7 +286,7 @@ def _retire(self: TransformersEngine, batch, active: list[_Row], finished: list[
     for row in finished: done(row.index, row.req, row.generation())
     return batch, active
 
-# %% ../nbs/07_engine.ipynb #7f6d0424
+# %% ../nbs/07_engine.ipynb #3e7a88d9
 @patch
 def _forward(self: TransformersEngine, ids, layers, mask, positions, new_mask=None):
     "One forward pass over `ids` after the cached `layers` (`mask` covers them); the new cache, mask and last logits."
@@ -301,7 +299,7 @@ def _forward(self: TransformersEngine, ids, layers, mask, positions, new_mask=No
                      logits_to_keep=1)  # the last position's logits only: a prefill needs no others
     return [[layer.keys, layer.values] for layer in out.past_key_values.layers], full, out.logits[:, -1].float()
 
-
+# %% ../nbs/07_engine.ipynb #dc6bb741
 @patch
 def _join(self: TransformersEngine, batch, rows: list[_Row]):
     "Prefill the joining rows in one forward pass, each from its key's cached prefix where the ids agree, and merge them in."
@@ -369,7 +367,7 @@ def _step(self: TransformersEngine, batch, active: list[_Row]):
     for r in active: r.length += 1
     return self._forward(ids, layers, mask, positions)
 
-# %% ../nbs/07_engine.ipynb #30397cee
+# %% ../nbs/07_engine.ipynb #47c1f022
 @patch
 def _sample(self: TransformersEngine, active: list[_Row], logits) -> list[_Row]:
     "Draw one token for every row and let each row take it; the rows that ended."
@@ -397,7 +395,7 @@ def _draw(self: TransformersEngine, active: list[_Row], logits) -> tuple[list[in
         for k, t in zip(sampled, picks): tokens[k] = t
     return tokens, logp.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
 
-
+# %% ../nbs/07_engine.ipynb #6dfc06ba
 @patch
 def _take(self: TransformersEngine, row: _Row, t: int, lp: float) -> bool:
     "Give `row` its new token (unless it was cancelled) and say whether it ended: cancelled, failed, a stop, length or context."

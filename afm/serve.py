@@ -151,7 +151,7 @@ Penalty = Annotated[float, AfterValidator(_unpenalised)]
 Temperature = Annotated[float, AfterValidator(lambda x: check_range("temperature", x, TEMPERATURE))]
 TopP = Annotated[float, AfterValidator(lambda x: check_range("top_p", x, TOP_P))]
 
-
+# %% ../nbs/07a_serve.ipynb #41c8a19d
 class _Strict(BaseModel):
     "A request body: unknown fields refused, strict types (a string is not a number, a boolean is not 1)."
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -178,7 +178,7 @@ class StreamOptions(_Strict):
     "OpenAI's `stream_options`: `include_usage` adds a last chunk with the token counts."
     include_usage: bool = False
 
-# %% ../nbs/07a_serve.ipynb #d0e6399c
+# %% ../nbs/07a_serve.ipynb #7cf22c88
 class _Sampling(_Strict):
     "The fields both endpoints share."
     model: Text = ""
@@ -200,7 +200,7 @@ class _Sampling(_Strict):
         return [SamplingParams(max_tokens, self.temperature, self.top_p, ((self.seed or 0) + i) % 2 ** 64, tuple(self.stops()))
                 for i in range(self.n)]
 
-
+# %% ../nbs/07a_serve.ipynb #fb1a92b9
 class ChatRequest(_Sampling):
     "The body of `POST /v1/chat/completions`; no `max_tokens` means what is left of the context."
     messages: list[ChatMessage] = Field(min_length=1)
