@@ -282,7 +282,10 @@ def download(repo: str, timeout: float | None = None) -> Path:
     except HfHubHTTPError as e:
         raise FileNotFoundError(f"model {repo}: the hub at {constants.ENDPOINT} answered {e.response.status_code} "
                                 f"({' '.join(str(e).split())[:200]})") from None
-    return Path(paths[0]).parents[len(Path(files[0]).parts) - 1]
+    folder = Path(paths[0]).parents[len(Path(files[0]).parts) - 1]  # <cache>/models--<org>--<name>/snapshots/<sha>
+    (folder.parents[1] / "refs").mkdir(exist_ok=True)
+    (folder.parents[1] / "refs" / "main").write_text(info.sha)  # as snapshot_download records it: later loads find it offline
+    return folder
 
 # %% ../nbs/06_models.ipynb #6ba4dbdc
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")

@@ -168,4 +168,43 @@ def test_a_hub_that_never_answers_fails_load_within_its_timeout(tmp_path):
                            capture_output=True, text=True, env=env, timeout=120)
         took = time.monotonic() - t0
     assert r.returncode != 0 and "TimeoutError: model Qwen/Qwen2.5-7B-Instruct: no answer from the hub" in r.stderr, r.stderr[-2000:]
-    assert "within 2 s" in r.stderr and took < 30, took  # 2 s for the model's page, up to 3 s for huggingface_hub's own first request
+    assert "within 2 s" in r.stderr and took < 15, took  # 2 s for the model's page, 3 s for huggingface_hub's own first request
+
+
+def test_download_fetches_a_model_from_a_hub_and_it_then_loads_offline(broken_models, tmp_path):
+    """`AFM_DOWNLOAD=1` against a small hub of our own (the endpoints huggingface_hub asks: the model's page, each file's
+    HEAD and GET): every file lands in the Hugging Face cache, and the model loads from there later without the hub."""
+    import hashlib, threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    folder, sha = broken_models[0] / "good", "0123456789abcdef" * 2 + "01234567"
+
+    class Hub(BaseHTTPRequestHandler):
+        def log_message(self, *args): pass
+        def _file(self):
+            prefix = f"/org/tiny/resolve/{sha}/"
+            return folder / self.path[len(prefix):] if self.path.startswith(prefix) else None
+        def _answer(self, body: bytes | None):
+            self.send_response(200 if body is not None else 404)
+            headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(body).hexdigest()}"', "Content-Length": str(len(body))} if body is not None else {}
+            for k, v in headers.items(): self.send_header(k, v)
+            self.end_headers()
+            return body
+        def do_HEAD(self): self._answer(f.read_bytes() if (f := self._file()) and f.is_file() else None)
+        def do_GET(self):
+            if self.path.startswith("/api/models/org/tiny"):
+                body = json.dumps({"id": "org/tiny", "sha": sha, "siblings": [{"rfilename": p.name} for p in folder.iterdir()]}).encode()
+            else: body = f.read_bytes() if (f := self._file()) and f.is_file() else None
+            if (body := self._answer(body)) is not None: self.wfile.write(body)
+
+    code = "from afm.models import load; m, t = load('org/tiny'); print(m.config.hidden_size, len(t))"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")}
+    with ThreadingHTTPServer(("127.0.0.1", 0), Hub) as hub:
+        threading.Thread(target=hub.serve_forever, daemon=True).start()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**env, "AFM_DOWNLOAD": "1", "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}"})
+        hub.shutdown()
+    assert r.returncode == 0 and r.stdout.split() == ["64", "1000"], r.stderr[-2000:]
+    snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / sha
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in folder.iterdir())
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)  # no hub now
+    assert again.returncode == 0 and again.stdout.split() == ["64", "1000"], again.stderr[-2000:]
