@@ -585,24 +585,23 @@ def test_tasks(per_suite: int, suites=TEST_SUITES, scale: float = 1.0, seed: int
     return [t for s in suites for t in load_benchmark(s, split="test", scale=scale, seed=seed, sizes={"test": per_suite})[:per_suite]]
 
 
-def test_records(path: Path | str, model: str | Path, tasks, toolbox, sizes=None, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 1536, system_style: str = "full", max_batch: int = 32, progress: bool = False) -> list[dict]:
-    """Graded episodes (`afm.rollout.evaluate` records) of the model folder or name `model` on `tasks`, through the batched
-    engine and `toolbox`, kept in the JSONL file `path` with a key of what made them (the weights' time stamp, the tasks, the
-    decoding, the tool sizes `sizes`): a second call with the same key reads them back."""
+def test_records(path: Path | str, model: str | Path, tasks, toolbox, config=None, sizes=None, max_batch: int = 32,
+                 progress: bool = False) -> list[dict]:
+    """Graded episodes (`afm.rollout.evaluate` records) of the model folder or name `model` on `tasks`, rolled out with
+    `config` (a `RolloutConfig`: limits and decoding) through the batched engine and `toolbox`, kept in the JSONL file `path`
+    with a key of what made them (the weights' time stamp, the tasks, `config`, the tool sizes `sizes`): a second call with
+    the same key reads them back."""
     from afm.engine import TransformersEngine
     from afm.models import load, model_path
     from afm.rollout import RolloutConfig, evaluate
-    path, folder = Path(path), model_path(str(model))
+    config, path, folder = config or RolloutConfig(), Path(path), model_path(str(model))
     weights = folder / "model.safetensors"
     key = {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None, "tasks": [t.id for t in tasks],
-           "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "tools": str(sizes), "system_style": system_style}
+           "rollout": asdict(config), "tools": str(sizes)}
     key_path = path.with_suffix(".key.json")
     if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
         return [json.loads(line) for line in path.read_text().splitlines()]
-    cfg = RolloutConfig(temperature=temperature, top_p=top_p, seed=0, max_new_tokens=max_new_tokens, max_tokens_per_turn=512,
-                        max_turns=16, max_tool_calls=12, system_style=system_style)
-    recs = evaluate(TransformersEngine(*load(str(folder)), max_batch=max_batch), tasks, toolbox, cfg, progress=progress)
+    recs = evaluate(TransformersEngine(*load(str(folder)), max_batch=max_batch), tasks, toolbox, config, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs)); key_path.write_text(json.dumps(key))
     return recs
