@@ -158,7 +158,7 @@ def data_dir(stage: str, profile: str, root: Path | str | None = None) -> Path:
     rule every chapter and command follows, wherever the reports go, so a later stage finds what an earlier one wrote."""
     return repo_root(root) / "data" / stage / profile
 
-
+# %% ../nbs/00a_core.ipynb #da2a91d2
 def _value(raw: str) -> Any:
     "A settings value as a Python value: numbers, booleans, None, lists, dicts; anything else stays a string."
     if raw.strip().lower() in ("true", "false"): return raw.strip().lower() == "true"
@@ -227,7 +227,7 @@ def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str =
     try: return cls(**{**values, **overrides})
     except ValueError as e: raise ValueError(f"{where}: {e} (keys {prefix}<field>)") from None
 
-
+# %% ../nbs/00a_core.ipynb #1b676f49
 def _cli_fields(cls: type) -> type:
     "`cls` as a dataclass of only its command-line fields (those whose metadata does not say `cli: False`)."
     import typing

@@ -174,7 +174,7 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
     flush()
     return "".join(out)
 
-
+# %% ../nbs/06_models.ipynb #94d07cbf
 def control_tokens(tokenizer) -> list[str]:
     "The tokenizer's special tokens (end of turn, role markers, padding): what no text from a row, a tool or a client may become."
     return sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | set(tokenizer.all_special_tokens))
