@@ -9,6 +9,7 @@ import ast
 import configparser
 import dataclasses
 import gzip
+import hashlib
 import importlib.util
 import json
 import os
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'package_dir', 'package_file', 'read_rows',
-           'progress_bar', 'repo_root', 'data_dir', 'settings_path', 'load_profiles', 'load_profile', 'check_value',
-           'check_keys', 'profile_config', 'config_parser', 'parse_configs', 'stage_parser', 'stage_profile',
-           'FieldTypeError', 'check_range', 'check_fields']
+__all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'code_digest', 'package_dir', 'package_file',
+           'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'settings_path', 'load_profiles', 'load_profile',
+           'check_value', 'check_keys', 'profile_config', 'config_parser', 'parse_configs', 'stage_parser',
+           'stage_profile', 'FieldTypeError', 'check_range', 'check_fields']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("07a_serve", "serve", commands=("serve model",)),
     Chapter("07b_fit", "fit", pipeline=False),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
-    Chapter("09_sft", "sft", commands=("sft", "bench sft")),
+    Chapter("09_sft", "sft", commands=("sft",)),
+    Chapter("09a_sft_bench", "sft_bench", commands=("bench sft",)),
     Chapter("10_rl", "rl", commands=("rl",)),
     Chapter("11_eval", "eval", commands=("eval",)),
     Chapter("12_reproduce", "reproduce", pipeline=False, commands=("run",)),
@@ -83,6 +85,13 @@ def chapter(name: str) -> Chapter:
 def cache_dir(*parts: str) -> Path:
     "Where afm keeps what it builds: `$AFM_CACHE` (default `~/.cache/afm`), joined with `parts`."
     return Path(os.environ.get("AFM_CACHE") or Path.home() / ".cache" / "afm").joinpath(*parts)
+
+
+def code_digest(*modules: str) -> str:
+    "A sha256 of the source of the `afm` modules named (`\"rollout\"`, …): in a cache key, results go stale when the code that made them changes."
+    h = hashlib.sha256()
+    for m in modules: h.update(m.encode() + b"\0" + Path(importlib.util.find_spec(f"afm.{m}").origin).read_bytes())
+    return h.hexdigest()
 
 
 def package_dir(package: str, install: str = "") -> Path:
@@ -105,8 +114,10 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".jsonl.gz")
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    with (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try: line = raw.decode("utf-8")
+            except UnicodeDecodeError: raise ValueError(f"{path}:{n}: not UTF-8 text") from None
             if not line.strip(): continue
             try: row = json.loads(line)
             except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
@@ -116,8 +127,18 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
 
 
 def read_rows(path: Path | str) -> Iterator[tuple[str, dict]]:
-    "The rows of a JSON, JSONL(.gz), parquet or CSV file, each with where it is (`file:line` or `file:index`)."
-    path = Path(path)
+    """The rows of a JSON, JSONL(.gz), parquet or CSV file, each with where it is (`file:line` or `file:index`). A file
+    that cannot be read is a ValueError naming it and where reading stopped (a missing file stays FileNotFoundError)."""
+    path, last = Path(path), None
+    try:
+        for where, row in _rows(path): last = where; yield where, row
+    except (ValueError, OSError) as e:
+        if str(e).startswith(str(path)) or isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)): raise
+        raise ValueError(f"{path}: unreadable {f'after {last}' if last else 'from its start'} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no detail'})") from None
+
+
+def _rows(path: Path) -> Iterator[tuple[str, dict]]:
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz")): yield from _jsonl_rows(path)
     elif name.endswith(".json"):

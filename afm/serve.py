@@ -491,7 +491,7 @@ def _one(self: OpenAIEngine, r: Request) -> Generation:
     if r.is_cancelled: return Generation([], [], "cancelled")
     p = r.params
     body = {"model": self.model, "prompt": r.ids, "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
-            "seed": p.seed, "stop": list(p.stop) or None, "include_stop_str_in_output": True}
+            "seed": p.seed - 2 ** 64 * (p.seed >= 2 ** 63), "stop": list(p.stop) or None, "include_stop_str_in_output": True}
     if self.token_ids: body.update(logprobs=1, return_token_ids=True)
     try:
         for attempt in retry_policy(self.retries, tenacity.wait_exponential(multiplier=self.backoff_s, max=8.0)):

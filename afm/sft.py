@@ -20,13 +20,13 @@ from .core import check_fields, data_dir, read_rows
 from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'TEST_SUITES', 'sft_rows', 'conversation',
-           'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
+__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'TEST_SUITES', 'RECORDS_CODE', 'sft_rows',
+           'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
            'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
-           'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split', 'sft_trainer',
-           'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example',
-           'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'test_tasks', 'test_records', 'cli_sft',
-           'matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
+           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split',
+           'sft_trainer', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
+           'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'test_tasks',
+           'test_records', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -40,7 +40,7 @@ def sft_rows(source) -> Iterator[tuple[str, dict]]:
     if isinstance(source, (list, tuple)): yield from ((f"rows[{i}]", r) for i, r in enumerate(source)); return
     path = Path(source)
     if not path.exists(): raise FileNotFoundError(f"{path}: no such SFT data (distil it first: afm distill --profile …)")
-    yield from _file_rows(path) if path.is_file() else _folder_rows(path)
+    yield from read_rows(path) if path.is_file() else _folder_rows(path)
 
 
 def _train_split(dd, where) -> Any:
@@ -49,27 +49,6 @@ def _train_split(dd, where) -> Any:
     return dd["train"]
 
 # %% ../nbs/09_sft.ipynb #15fa37f0
-def _file_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    "`read_rows` of a data file; an error that does not say where (bad bytes, a broken parquet) gets the file and the last row read."
-    last = None
-    try:
-        for where, row in read_rows(path): last = where; yield where, row
-    except (ValueError, OSError) as e:
-        if str(e).startswith(str(path)): raise
-        n = _undecodable_line(path) if isinstance(e, UnicodeDecodeError) and not path.name.endswith(".gz") else None
-        at = f"{path}:{n}: not UTF-8" if n else f"{path}: unreadable {f'after {last}' if last else 'from its start'}"
-        raise ValueError(f"{at} ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
-
-
-def _undecodable_line(path: Path) -> int | None:
-    "The number of the first line of `path` that is not UTF-8 text."
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            try: raw.decode("utf-8")
-            except UnicodeDecodeError: return n
-    return None
-
-
 def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
     "The rows of a `datasets` folder (or of a distilled set's `dataset` folder), its `train` split if it has splits."
     import datasets
@@ -216,7 +195,7 @@ def register_segment_attention() -> str:
 
 # %% ../nbs/09_sft.ipynb #80506c72
 MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
-CHAPTER_KEYS = ("sft_demo_steps", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_bench_rows", "sft_ablation", "sft_math500",
+CHAPTER_KEYS = ("sft_demo_steps", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_ablation", "sft_math500",
                 "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
 
 
@@ -274,6 +253,13 @@ class SFTArgs:
         for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions())):
             if getattr(self, name) not in known:
                 raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of {', '.join(known)}")
+
+# %% ../nbs/09_sft.ipynb #768e4b70
+def sft_args(profile: dict, where: str = "settings.ini", **overrides) -> SFTArgs:
+    "Profile `profile`'s `SFTArgs` (keys `sft_<field>`; shared `model` and `seed` unless overridden there), then `overrides`."
+    from afm.core import check_value, profile_config
+    shared = {k: check_value(SFTArgs, k, profile[k], f"{where}: {k}") for k in ("model", "seed") if k in profile and f"sft_{k}" not in profile}
+    return profile_config(SFTArgs, profile, "sft_", where=where, known=CHAPTER_KEYS, **{**shared, **overrides})
 
 # %% ../nbs/09_sft.ipynb #ab8dfa48
 def data_digest(data) -> dict:
@@ -585,19 +571,23 @@ def test_tasks(per_suite: int, suites=TEST_SUITES, scale: float = 1.0, seed: int
     return [t for s in suites for t in load_benchmark(s, split="test", scale=scale, seed=seed, sizes={"test": per_suite})[:per_suite]]
 
 
+RECORDS_CODE = ("coa", "prompts", "tools", "search", "world", "grading", "engine", "rollout")  # the modules that make a record
+
+
 def test_records(path: Path | str, model: str | Path, tasks, toolbox, config=None, sizes=None, max_batch: int = 32,
                  progress: bool = False) -> list[dict]:
     """Graded episodes (`afm.rollout.evaluate` records) of the model folder or name `model` on `tasks`, rolled out with
     `config` (a `RolloutConfig`: limits and decoding) through the batched engine and `toolbox`, kept in the JSONL file `path`
-    with a key of what made them (the weights' time stamp, the tasks, `config`, the tool sizes `sizes`): a second call with
-    the same key reads them back."""
+    with a key of what made them (the weights' time stamp, the tasks, `config`, the tool sizes `sizes`, the code of
+    `RECORDS_CODE`): a second call with the same key reads them back."""
+    from afm.core import code_digest
     from afm.engine import TransformersEngine
     from afm.models import load, model_path
     from afm.rollout import RolloutConfig, evaluate
     config, path, folder = config or RolloutConfig(), Path(path), model_path(str(model))
     weights = folder / "model.safetensors"
     key = {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None, "tasks": [t.id for t in tasks],
-           "rollout": asdict(config), "tools": str(sizes)}
+           "rollout": asdict(config), "tools": str(sizes), "code": code_digest(*RECORDS_CODE)}
     key_path = path.with_suffix(".key.json")
     if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
         return [json.loads(line) for line in path.read_text().splitlines()]
@@ -609,16 +599,13 @@ def test_records(path: Path | str, model: str | Path, tasks, toolbox, config=Non
 # %% ../nbs/09_sft.ipynb #03b949a5
 def cli_sft(argv: list[str] | None = None) -> int:
     "`afm sft`: the SFT recipe on the profile's distilled CoA trajectories (copy curriculum, then SFT with observations masked); resumes an interrupted run."
-    from afm.core import check_value, parse_configs, profile_config, stage_parser, stage_profile
+    from afm.core import parse_configs, stage_parser, stage_profile
     p, pre = stage_parser("afm sft", cli_sft.__doc__, SFTArgs, options={
         "--data": {"help": "the SFT rows (default: <repo>/data/distill/<profile>)"},
         "--out": {"help": "output folder, a sub-folder per stage (default: <repo>/data/sft/<profile>)"}})
     try:
         _, prof, where = stage_profile(pre, argv)
-        base = profile_config(SFTArgs, prof, "sft_", where=where, known=CHAPTER_KEYS,
-                              seed=check_value(SFTArgs, "seed", prof.get("seed", 0), f"{where}: seed"),
-                              **({"model": prof["model"]} if "sft_model" not in prof and "model" in prof else {}))
-        args, a = parse_configs(p, argv, SFTArgs, defaults=asdict(base))
+        args, a = parse_configs(p, argv, SFTArgs, defaults=asdict(sft_args(prof, where)))
         out = Path(a.out) if a.out else data_dir("sft", a.profile)
         runs = sft_recipe(Path(a.data) if a.data else data_dir("distill", a.profile), out, args)
     except Exception as e:  # one line naming what failed: a profile key, the data folder, a row, the output folder
@@ -627,77 +614,4 @@ def cli_sft(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: {f: v for f, v in r.items() if f not in ("args", "data")} for k, r in runs.items()}, indent=1))
         print(f"wrote {out / 'sft' / 'model'}" + (" (already finished)" if runs["sft"].get("already_finished") else ""))
-    return 0
-
-# %% ../nbs/09_sft.ipynb #9568f95e
-def matmul_peak(n: int = 1024, repeats: int = 8) -> float:
-    "FLOP/s of an `n`×`n` fp32 matrix product with torch's current threads: the peak that MFU is measured against."
-    import torch
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(2): a @ b
-    t0 = time.perf_counter()
-    for _ in range(repeats): a @ b
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t0)
-
-
-def train_flops(model, lengths) -> float:
-    "Training FLOPs over examples of `lengths` tokens: 6 per weight (input embeddings excluded) and token, plus attention to the prefix."
-    c = model.config
-    weights = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    attention = sum(6 * 2 * c.num_hidden_layers * c.hidden_size * n * (n + 1) / 2 for n in lengths)  # QK^T and AV, forward and backward
-    return 6 * weights * sum(lengths) + attention
-
-# %% ../nbs/09_sft.ipynb #aa036aeb
-def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_step: int = 2, progress: bool = False) -> dict:
-    """Our batches (packed, padding-free, attention per example) against the same packing on transformers' SDPA and TRL's
-    default padded batches, one epoch over the `input_ids`/`labels` rows `ds` each, from the same initial model
-    (`model_factory()` makes it): real-token share, tokens/s, MFU."""
-    import torch
-    from trl import SFTConfig, SFTTrainer
-    lengths = [len(x) for x in ds["input_ids"]]
-    per_padded = max(1, round(rows_per_step * max_length / (sum(lengths) / len(lengths))))
-    peak, out = matmul_peak(), {"rows": len(ds), "tokens": sum(lengths), "torch_threads": torch.get_num_threads()}
-    packed = dict(packing=True, packing_strategy="bfd", padding_free=True, per_device_train_batch_size=rows_per_step)
-    for name, kw, attention in (("ours", packed, register_segment_attention()), ("packed_sdpa", packed, "sdpa"),
-                                ("padded", dict(per_device_train_batch_size=per_padded), "sdpa")):
-        model = model_factory()
-        model.set_attn_implementation(attention)
-        cfg = SFTConfig(output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / f"afm-bench-sft-{os.getpid()}"), max_length=max_length,
-                        num_train_epochs=1, learning_rate=1e-3, logging_steps=10 ** 6, save_strategy="no", report_to="none",
-                        gradient_checkpointing=False, bf16=False, disable_tqdm=not progress, use_cpu=not _has_gpu(), seed=0, **kw)
-        trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tokenizer)
-        real = total = trained = 0
-        for b in trainer.get_train_dataloader():
-            m = b.get("attention_mask")
-            real += int(m.sum()) if m is not None else b["input_ids"].numel()
-            total += b["input_ids"].numel(); trained += int((b["labels"] != IGNORE_INDEX).sum())
-        t0 = time.perf_counter(); trainer.train(); seconds = time.perf_counter() - t0
-        out[name] = {"real_token_share": round(real / total, 4), "steps": trainer.state.global_step, "seconds": round(seconds, 2),
-                     "tokens_per_s": round(real / seconds), "trained_tokens_per_s": round(trained / seconds),
-                     "mfu": round(train_flops(model, lengths) / seconds / peak, 4)}
-    return out | {"matmul_peak_gflops": round(peak / 1e9, 1), "tokens_per_s_ratio": round(out["ours"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 2)}
-
-# %% ../nbs/09_sft.ipynb #6dbb830a
-def cli_bench(argv: list[str] | None = None) -> int:
-    "`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the same rows."
-    import argparse
-    from afm.models import load
-    p = argparse.ArgumentParser(prog="afm bench sft", description=cli_bench.__doc__)
-    p.add_argument("--profile", default="tiny", help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
-    p.add_argument("--data", help="the SFT rows (default: <repo>/data/distill/<profile>)")
-    p.add_argument("--model", default="tiny", help="a model folder or name (default: tiny)")
-    p.add_argument("--rows", type=int, default=256, help="rows trained over, once each way (default 256)")
-    p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row (default 2048)")
-    p.add_argument("--plain-tags", action="store_true", help="the model's tokenizer keeps the CoA tags as plain text (a pretrained model)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    a = p.parse_args(argv)
-    if a.rows < 2: p.error(f"--rows must be at least 2, got {a.rows}")
-    try:
-        _, tok = load(a.model)
-        ds = sft_dataset(a.data or data_dir("distill", a.profile), tok, max_length=a.max_length, plain_tags=a.plain_tags)
-        ds = ds.shuffle(seed=0).select(range(min(a.rows, len(ds))))
-        res = bench_sft(ds, lambda: load(a.model)[0].train(), tok, a.max_length)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"afm bench sft: {type(e).__name__}: {e}", file=sys.stderr); return 1
-    print(json.dumps(res) if a.json else "\n".join(f"{k:>22}: {v}" for k, v in res.items()))
     return 0
