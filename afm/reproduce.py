@@ -165,7 +165,7 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
         keys = {c.key for c in table if c.pipeline}
         record["seconds"] = {k: v for k, v in old.get("seconds", {}).items() if k in keys}
         record.update({k: v for k, v in old.items() if k in keys})
-    failure, record["failed"], record["not_run"] = None, {}, []
+    failure, record["failed"], record["not_run"], upstream_ran = None, {}, [], False
     for ch, nb in (bar := progress_bar(nbs, desc=f"profile {profile}", unit="chapter")):
         if failure:  # after a failure nothing runs, and no figure of a later chapter is presented as current
             record.pop(ch.key, None); record["seconds"].pop(ch.key, None); record["not_run"].append(ch.key)
@@ -173,13 +173,13 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
         key = ch.key
         bar.set_postfix_str(nb.stem)
         p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
-        stamp = {"profile": profile, "parameters": p, "notebook_sha256": _sha256(nb), "library_sha256": library_sha256(root)}
+        stamp = {"profile": profile, "settings": params, "parameters": p, "notebook_sha256": _sha256(nb), "library_sha256": library_sha256(root)}
         done = reports / key / "run.json"
-        if resume and done.is_file() and (reports / key / "figures.json").is_file() and \
+        if resume and not upstream_ran and done.is_file() and (reports / key / "figures.json").is_file() and \
                 {k: v for k, v in json.loads(done.read_text()).items() if k in stamp} == json.loads(json.dumps(stamp)):
             record[key] = json.loads((reports / key / "figures.json").read_text())
             continue
-        t0 = time.perf_counter()
+        t0, upstream_ran = time.perf_counter(), True  # data flows down the table: what follows a chapter that ran runs too
         try: record[key] = run_chapter(nb, key, p, reports, log=log, env={"AFM_SETTINGS": str(settings)})
         except RuntimeError as e:
             failure = e
