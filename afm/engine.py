@@ -379,10 +379,10 @@ def _sample(self: TransformersEngine, active: list[_Row], logits) -> list[_Row]:
 def _draw(self: TransformersEngine, active: list[_Row], logits) -> tuple[list[int], list[float]]:
     "One token per row (greedy rows in one batched argmax, the others by inverse CDF) and its log-probability."
     import torch
-    temps = torch.tensor([1.0 if r.p.greedy else r.p.temperature for r in active], device=logits.device)
-    logp = torch.log_softmax(logits / temps[:, None], -1)
-    tokens = logp.argmax(-1).tolist()
     sampled = [k for k, row in enumerate(active) if not row.p.greedy]
+    logp = torch.log_softmax(logits if not sampled else logits / torch.tensor(
+        [1.0 if r.p.greedy else r.p.temperature for r in active], device=logits.device)[:, None], -1)
+    tokens = logp.argmax(-1).tolist()
     if sampled:  # inverse-CDF sampling, one uniform per row from the row's own generator
         probs = logp[sampled].exp()
         for j, k in enumerate(sampled):
