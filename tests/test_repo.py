@@ -85,3 +85,15 @@ def test_make_lab_starts_as_root_too():
     r = subprocess.run(["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True, timeout=60)
     lab = [l for l in r.stdout.splitlines() if "jupyter lab" in l]
     assert lab and (("--allow-root" in lab[-1]) == (os.geteuid() == 0)), r.stdout[-500:]
+
+
+def test_every_pipeline_chapter_takes_its_parameters():
+    "papermill injects a profile's values after the cell tagged `parameters`: without the tag a chapter runs on its CI defaults."
+    from afm.core import CHAPTERS
+    for ch in CHAPTERS:
+        path = REPO / "nbs" / f"{ch.notebook}.ipynb"
+        if not ch.pipeline or not path.is_file(): continue
+        cells = [c for c in json.loads(path.read_text())["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(cells) == 1, f"{path.name}: {len(cells)} cells tagged parameters, want 1"
+        source = "".join(cells[0]["source"])
+        assert "profile = " in source and "reports_dir = None" in source, f"{path.name}: its parameters cell must declare profile and reports_dir"
