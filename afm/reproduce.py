@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,8 +25,8 @@ from .core import CHAPTERS, Chapter, check_keys, load_profile, load_profiles, re
 
 # %% auto #0
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'INJECTED', 'PACKAGES', 'QUIET_KERNEL', 'pipeline_chapters', 'select_chapters',
-           'profile_keys', 'check_profile', 'versions', 'machine', 'library_sha256', 'chapter_parameters',
-           'run_chapter', 'run', 'write_reports', 'cli_run']
+           'profile_keys', 'check_profile', 'versions', 'machine', 'library_sha256', 'git_commit', 'chapter_parameters',
+           'run_chapter', 'run', 'provenance', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -98,6 +99,16 @@ def library_sha256(root: Path | str) -> str:
     for f in sorted((Path(root) / "afm").glob("*.py")): h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
+
+def git_commit(root: Path | str) -> str | None:
+    "The repository's commit (12 hex digits; `+changes` when `afm/` or `nbs/` differ from it), or None outside git."
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30)
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode: return None
+        return head.stdout.strip() + ("+changes" if git("status", "--porcelain", "--", "afm", "nbs").stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError): return None
+
 # %% ../nbs/12_reproduce.ipynb #c43d22e1
 def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]:
     "The subset of `params` that notebook `nb` declares in its `parameters` cell."
@@ -165,7 +176,7 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
         keys = {c.key for c in table if c.pipeline}
         record["seconds"] = {k: v for k, v in old.get("seconds", {}).items() if k in keys}
         record.update({k: v for k, v in old.items() if k in keys})
-    failure, record["failed"], record["not_run"], upstream_ran = None, {}, [], False
+    failure, record["failed"], record["not_run"], upstream_ran, commit = None, {}, [], False, git_commit(root)
     for ch, nb in (bar := progress_bar(nbs, desc=f"profile {profile}", unit="chapter")):
         if failure:  # after a failure nothing runs, and no figure of a later chapter is presented as current
             record.pop(ch.key, None); record["seconds"].pop(ch.key, None); record["not_run"].append(ch.key)
@@ -187,15 +198,31 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             record["failed"][key] = str(e).splitlines()[0]
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
-        done.write_text(json.dumps({**stamp, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
-    write_reports(record, reports, table)
+        done.write_text(json.dumps({**stamp, "commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
+    write_reports(record, reports, table, root)
     if failure: raise failure
     return record
 
 # %% ../nbs/12_reproduce.ipynb #5730018a
-def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[Chapter] = CHAPTERS) -> None:
-    "Write `metrics.json` and the markdown report card `README.md` into `reports`."
+def provenance(reports: Path | str, key: str, nb: Path, library: str) -> dict[str, Any]:
+    "Which commit produced chapter `key`'s figures (its `run.json`), and whether its notebook or the `library` hash changed since."
+    done = Path(reports) / key / "run.json"
+    if not done.is_file(): return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
+    ran = json.loads(done.read_text())
+    changed = [what for what, now in (("notebook", _sha256(nb) if nb.is_file() else None), ("library", library))
+               if ran.get(f"{what}_sha256") != now]
+    return {"commit": ran.get("commit"), "finished": ran.get("finished"),
+            "stale": f"the {' and the '.join(changed)} changed since" if changed else None}
+
+
+def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[Chapter] = CHAPTERS, root: Path | str | None = None) -> None:
+    """Write `metrics.json` and the markdown report card `README.md` into `reports`; with the repository `root`, each
+    chapter says which commit produced its figures and is flagged when its notebook or the library changed since."""
     reports = Path(reports); reports.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        library = library_sha256(root)
+        record["provenance"] = {c.key: provenance(reports, c.key, Path(root) / "nbs" / f"{c.notebook}.ipynb", library)
+                                for c in table if c.key in record}
     (reports / "metrics.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     failed, not_run = record.get("failed") or {}, record.get("not_run") or []
     lines = [f"# Report card — profile `{record['profile']}`" + (" — FAILED" if failed else ""), ""]
@@ -208,7 +235,11 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
     for ch in table:
         key = ch.key
         if key not in record: continue
-        lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({record['seconds'].get(key, '?')} s)", "", "| figure | value |", "|---|---|"]
+        lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({record['seconds'].get(key, '?')} s)", ""]
+        if prov := record.get("provenance", {}).get(key):
+            lines += [f"Produced by commit `{prov['commit'] or 'unknown'}`" + (f", finished {prov['finished']}." if prov.get("finished") else ".")
+                      + (f" **Stale: {prov['stale']}; rerun `afm run --chapters {ch.notebook}`.**" if prov["stale"] else ""), ""]
+        lines += ["| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in record[key].items()] + [""]
     lines += ["## Versions", "", " · ".join(f"{k} {v}" for k, v in record["versions"].items() if v), ""]
     (reports / "README.md").write_text("\n".join(lines))
