@@ -65,10 +65,10 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("07a_serve", "serve", commands=("serve model",)),
     Chapter("07b_fit", "fit", pipeline=False),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
+    Chapter("08a_evaluate", "evaluate", commands=("eval",)),
     Chapter("09_sft", "sft", commands=("sft",)),
     Chapter("09a_sft_bench", "sft_bench", commands=("bench sft",)),
     Chapter("10_rl", "rl", commands=("rl",)),
-    Chapter("11_eval", "eval", commands=("eval",)),
     Chapter("12_reproduce", "reproduce", pipeline=False, commands=("run",)),
     Chapter("13_cli", "cli", pipeline=False),
 )

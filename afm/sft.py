@@ -20,13 +20,12 @@ from .core import check_fields, data_dir, read_rows
 from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'TEST_SUITES', 'RECORDS_CODE', 'sft_rows',
-           'conversation', 'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
-           'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
-           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split',
-           'sft_trainer', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
-           'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'test_tasks',
-           'test_records', 'cli_sft']
+__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'sft_rows', 'conversation', 'check_tokenizer',
+           'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report', 'segment_attention',
+           'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs', 'sft_args', 'data_digest',
+           'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split', 'sft_trainer', 'train_sft',
+           'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example', 'prefix_dataset',
+           'sft_recipe', 'copy_positions', 'copy_probe', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -558,43 +557,6 @@ def copy_probe(model, rows, max_rows: int = 64) -> dict:
     model.train(was_training)
     mean = [round(s / n, 4) if n else None for s, n in zip(sums, counts)]
     return {"copy_loss": mean[0], "other_loss": mean[1], "copy_tokens": counts[0], "other_tokens": counts[1]}
-
-# %% ../nbs/09_sft.ipynb #900b27ca
-from .world import GENERATED_SUITES
-
-TEST_SUITES = list(GENERATED_SUITES)  # every generated suite: its `test` split holds no entity of `sft` or `rl`
-
-
-def test_tasks(per_suite: int, suites=TEST_SUITES, scale: float = 1.0, seed: int = 0) -> list:
-    "The first `per_suite` `test`-split tasks of each suite: questions whose entities no SFT or RL task uses."
-    from afm.tasks import load_benchmark
-    return [t for s in suites for t in load_benchmark(s, split="test", scale=scale, seed=seed, sizes={"test": per_suite})[:per_suite]]
-
-
-RECORDS_CODE = ("coa", "prompts", "tools", "search", "world", "grading", "engine", "rollout")  # the modules that make a record
-
-
-def test_records(path: Path | str, model: str | Path, tasks, toolbox, config=None, sizes=None, max_batch: int = 32,
-                 progress: bool = False) -> list[dict]:
-    """Graded episodes (`afm.rollout.evaluate` records) of the model folder or name `model` on `tasks`, rolled out with
-    `config` (a `RolloutConfig`: limits and decoding) through the batched engine and `toolbox`, kept in the JSONL file `path`
-    with a key of what made them (the weights' time stamp, the tasks, `config`, the tool sizes `sizes`, the code of
-    `RECORDS_CODE`): a second call with the same key reads them back."""
-    from afm.core import code_digest
-    from afm.engine import TransformersEngine
-    from afm.models import load, model_path
-    from afm.rollout import RolloutConfig, evaluate
-    config, path, folder = config or RolloutConfig(), Path(path), model_path(str(model))
-    weights = folder / "model.safetensors"
-    key = {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None, "tasks": [t.id for t in tasks],
-           "rollout": asdict(config), "tools": str(sizes), "code": code_digest(*RECORDS_CODE)}
-    key_path = path.with_suffix(".key.json")
-    if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
-        return [json.loads(line) for line in path.read_text().splitlines()]
-    recs = evaluate(TransformersEngine(*load(str(folder)), max_batch=max_batch), tasks, toolbox, config, progress=progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs)); key_path.write_text(json.dumps(key))
-    return recs
 
 # %% ../nbs/09_sft.ipynb #03b949a5
 def cli_sft(argv: list[str] | None = None) -> int:

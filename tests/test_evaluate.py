@@ -1,0 +1,88 @@
+"""`afm eval` as a user runs it: killed mid-run and rerun, it ends with the records an uninterrupted run makes; bad input is one line."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+AFM = str(Path(sys.executable).with_name("afm"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_folder():
+    "The tool-calling tiny model's folder (fitted once and cached by `afm.fit`)."
+    from afm.fit import tool_calling_tiny
+    return tool_calling_tiny()[0].name_or_path
+
+
+def eval_args(folder, out, *extra):
+    return ["eval", "--model", str(folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "30", "--k", "2",
+            "--samples", "4", "--max-new-tokens", "40", "--batch", "2", "--system", "Search, then answer.", "--out", str(out), *extra]
+
+
+def afm(*args, timeout=600):
+    return subprocess.run([AFM, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def pairs(path):
+    return [(r["task_id"], r["sample"]) for r in map(json.loads, Path(path).read_text().splitlines())]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
+    killed, whole = tmp_path / "killed.jsonl", tmp_path / "whole.jsonl"
+    proc = subprocess.Popen([AFM, *eval_args(tiny_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if killed.is_file() and len(killed.read_bytes().splitlines()) >= 4: break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed: give it more work"
+    written = len(killed.read_text().splitlines())
+    assert 4 <= written < 120, written
+    with open(killed, "a") as f: f.write('{"task_id": "world-atomic/')  # a write the kill cut short
+    r = afm(*eval_args(tiny_folder, killed))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| world-atomic | 30 | 120 |" in r.stdout and "120 records in" in r.stdout
+    r = afm(*eval_args(tiny_folder, whole))
+    assert r.returncode == 0, r.stderr[-2000:]
+    got, want = pairs(killed), pairs(whole)
+    assert len(got) == len(set(got)) == 120 and set(got) == set(want)  # nothing lost, nothing repeated
+    same = ("answer", "reward", "end", "format_failure", "tool_calls", "sampled_tokens")  # not seconds, which differ run to run
+    strip = lambda p: {(r["task_id"], r["sample"]): ([r[k] for k in same], r["trajectory"]["steps"])
+                       for r in map(json.loads, Path(p).read_text().splitlines())}
+    a, b = strip(killed), strip(whole)
+    assert sum(a[p] == b[p] for p in a) >= 0.9 * len(a)  # a sample's seeds come from its task and number: the same episodes
+    # a rerun reads everything back; a damaged line in the middle is an error naming file:line; another key is refused
+    r = afm(*eval_args(tiny_folder, whole))
+    assert r.returncode == 0 and len(pairs(whole)) == 120
+    lines = whole.read_text().splitlines(keepends=True)
+    whole.write_text("".join(lines[:2] + ["{oops\n"] + lines[3:]))
+    r = afm(*eval_args(tiny_folder, whole))
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("afm eval: ValueError: ") \
+        and f"{whole}:3: a damaged record" in r.stderr, r.stderr[-1000:]
+    r = afm(*eval_args(tiny_folder, killed)[:-2], "--max-new-tokens", "41", "--out", str(killed))
+    assert r.returncode == 1 and "made otherwise (rollout differ)" in r.stderr, r.stderr[-1000:]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--suite", "nope"], "unknown benchmark 'nope'"),
+    (["--k", "4", "--samples", "2"], "pass@4 needs at least 4 samples per question; --samples is 2"),
+    (["--split", "sft"], "--split must be val or test, got 'sft'"),
+    (["--endpoint", "http://127.0.0.1:9"], "the endpoint http://127.0.0.1:9 does not answer"),
+])
+def test_bad_input_is_one_line(tiny_folder, tmp_path, extra, says):
+    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"), *extra)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("afm eval: ") and says in last, r.stderr[-1000:]
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_unknown_model_is_one_line(tmp_path):
+    r = afm("eval", "--model", str(tmp_path / "no-model"), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"))
+    assert r.returncode == 1 and "model folder" in r.stderr and "does not exist" in r.stderr.strip().splitlines()[-1], r.stderr[-1000:]
