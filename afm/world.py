@@ -5,11 +5,15 @@
 # %% ../nbs/03a_world.ipynb #43581afc
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import logging
+import re
 import urllib.parse
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from statistics import fmean
 from typing import Any, Callable, Iterable, Sequence
 
 from .core import check_fields, progress_bar
@@ -23,7 +27,8 @@ __all__ = ['log', 'WORLD_HOST', 'SPLIT_SHARES', 'RELATIONS', 'ATTRIBUTES', 'CODE
            'DEFAULT_SIZES', 'Entity', 'WorldConfig', 'World', 'make_world', 'task_id', 'split_of', 'depth_task',
            'width_task', 'compute_task', 'math_tasks', 'CodeTemplate', 'code_task', 'code_tasks', 'world_tasks',
            'make_suites', 'gold_answer', 'verify_gold_path', 'scaled_config', 'default_world', 'world_documents',
-           'ToolSizes', 'tool_sizes', 'world_toolbox', 'load_generated']
+           'ToolSizes', 'tool_sizes', 'world_toolbox', 'load_generated', 'named_candidates', 'common_answers',
+           'constant_program_passes', 'chance_baseline']
 
 # %% ../nbs/03a_world.ipynb #d025967f
 _ONSETS = "b br c d dr f g gr h k kl l m n p pr r s st t tr v vr z".split()
@@ -307,39 +312,40 @@ def depth_task(w: World, pages: dict[str, str], rng, anchor: Entity, hops: int, 
 
 # %% ../nbs/03a_world.ipynb #6b0ba253
 def width_task(w: World, pages: dict[str, str], rng, split: str, seed: int) -> Task | None:
-    "Parallel lookups that are compared (which came first / is larger), counted, or listed."
-    form = rng.choice(["first_founded", "first_born", "largest", "count_born_in", "list_born_in"])
-    n = rng.choice([2, 3]) if form != "count_born_in" else 4
-    kinds = {"first_founded": ("company",), "first_born": ("person",), "largest": ("city",)}.get(form, ("person",))
+    """Parallel lookups that are compared, filtered or listed. The answer is a value read off a page (the founding year of
+    the first-founded company, ...), never one of the names the question lists, so naming a candidate guesses nothing."""
+    form = rng.choice(["first_founded", "first_born", "most_employees", "born_in_city", "list_born_in"])
+    n = rng.choice([2, 3]) if form != "born_in_city" else 4
+    kinds = {"first_founded": ("company",), "first_born": ("person",), "most_employees": ("company",)}.get(form, ("person",))
     items = rng.sample(_pool(w, split, kinds, seed), n)
     path, values = [], []
-    attr = {"first_founded": "founded", "first_born": "birth_year", "largest": "population"}.get(form, "born_in")
+    attr = {"first_founded": "founded", "first_born": "birth_year", "most_employees": "employees"}.get(form, "born_in")
     for e in items:
         steps, v = _lookup(w, pages, e, attr)
         path += steps; values.append(v)
     names = [_mention(e) for e in items]
-    listed = ", ".join(names[:-1]) + " or " + names[-1]
-    if form in ("first_founded", "first_born", "largest"):
-        key = (lambda v: -v) if form == "largest" else (lambda v: v)
-        if len(set(values)) < len(values): return None  # a tie has no single answer
-        answer = names[min(range(n), key=lambda i: key(values[i]))]
-        q = {"first_founded": f"Which was founded first: {listed}?", "first_born": f"Who was born first: {listed}?",
-             "largest": f"Which city has the largest population: {listed}?"}[form]
-        meta = {}
-    elif form == "count_born_in":
-        city = w.entities[items[0].rels["born_in"]] if rng.random() < 0.7 else rng.choice(w.of_kind("city"))
-        answer = str(sum(v == city.name for v in values))
-        q = f"How many of these people were born in {city.name}: {', '.join(names)}?"
-        meta = {}
+    listed, meta, op = ", ".join(names[:-1]) + " and " + names[-1], {}, "compare"
+    if form in ("first_founded", "first_born", "most_employees"):
+        if len(set(values)) < len(values): return None  # a tie has no single winner
+        answer = str(max(values) if form == "most_employees" else min(values))
+        q = {"first_founded": f"Of {listed}, which was founded first? Give the year it was founded.",
+             "first_born": f"Of {listed}, who was born first? Give the year that person was born.",
+             "most_employees": f"Of {listed}, which has the most employees? Give that number of employees."}[form]
+    elif form == "born_in_city":
+        city = values[rng.randrange(n)]
+        if values.count(city) != 1: return None  # exactly one of them was born there
+        step, born = _read(w, pages, items[values.index(city)], "birth_year")  # off the page already read
+        path.append(step)
+        answer, op = str(born), "select"
+        q = f"Exactly one of {listed} was born in {city}. In what year was that person born?"
     else:
-        answer = " | ".join(values)
-        q = f"In which cities were {' and '.join(names)} born? Give the cities in the same order, separated by |."
-        meta = {"all_of": True}  # every listed city is needed; the score is the fraction found
-    path.append({"op": "compare" if form != "list_born_in" else "collect", "values": [str(v) for v in values], "value": answer})
+        answer, op, meta = " | ".join(values), "collect", {"all_of": True}  # every city is needed; the score is the fraction found
+        q = f"In which cities were {listed} born? Give the cities in the same order, separated by |."
+    path.append({"op": op, "values": [str(v) for v in values], "value": answer})
     path.append({"op": "answer", "value": answer})
     answers = [str(v) for v in values] if meta else [answer]
-    return Task(id=task_id("world-width", split, q), question=q, answers=answers, kind="qa", source="world-width", split=split, hops=n, difficulty=min(5, n + 1),
-                gold_path=path, meta={"anchors": [e.id for e in items], "form": form, **meta})
+    return Task(id=task_id("world-width", split, q), question=q, answers=answers, kind="qa", source="world-width", split=split, hops=n,
+                difficulty=min(5, n + 1), gold_path=path, meta={"anchors": [e.id for e in items], "form": form, **meta})
 
 # %% ../nbs/03a_world.ipynb #5e03eb18
 def compute_task(w: World, pages: dict[str, str], rng, split: str, seed: int) -> Task | None:
@@ -648,3 +654,55 @@ def load_generated(suite: str, scale: float = 1.0, seed: int = 0, sizes: dict[st
 
 
 for _suite in GENERATED_SUITES: register_benchmark(_suite, functools.partial(load_generated, _suite))
+
+# %% ../nbs/03a_world.ipynb #a1be1b9c
+_NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+
+
+def named_candidates(task: Task) -> list[str]:
+    "What a guesser reads off a question without a tool: the entities it names whose pages the gold path reads, and its numbers."
+    names = [s["title"] for s in task.gold_path if s.get("op") == "read" and s["title"] in task.question]
+    return list(dict.fromkeys(names + [m.replace(",", "") for m in _NUMBER.findall(task.question)]))
+
+
+def common_answers(tasks: Sequence[Task], k: int = 1) -> list[str]:
+    "The `k` most common gold answers of `tasks`, normalised as exact match does; a part of an `all_of` answer weighs 1/parts."
+    from afm.grading import normalize_answer
+    weight: Counter = Counter()
+    surface: dict[str, str] = {}
+    for t in tasks:
+        for g in t.answers:
+            weight[normalize_answer(g)] += 1 / len(t.answers) if t.meta.get("all_of") else 1
+            surface.setdefault(normalize_answer(g), g)
+    return [surface[a] for a, _ in weight.most_common(k)]
+
+
+def constant_program_passes(task: Task) -> bool:
+    "Whether a program returning a constant passes a code task's hidden tests: every `assert candidate(...) == out` expects one output."
+    if (task.tests or {}).get("style") != "check": raise ValueError(f"task {task.id!r}: chance needs 'check'-style tests, not {task.tests!r:.60}")
+    outs = [ast.literal_eval(n.test.comparators[0]) for n in ast.walk(ast.parse(task.tests["code"])) if isinstance(n, ast.Assert)]
+    return len({repr(o) for o in outs}) <= 1
+
+# %% ../nbs/03a_world.ipynb #2252c8de
+def chance_baseline(tasks: Sequence[Task], train: Sequence[Task] | None = None, grade: Callable[[Task, str], float] | None = None) -> dict[str, float]:
+    "Exact expected scores of no-tool guessing policies on `tasks` (one suite) under `grade` (default `afm.grading.grade`), and their max."
+    if not tasks: raise ValueError("chance_baseline: no tasks")
+    if len({t.source for t in tasks}) > 1: raise ValueError(f"chance_baseline: tasks of one suite, not {sorted({t.source for t in tasks})}")
+    if tasks[0].kind == "code":
+        c = fmean(constant_program_passes(t) for t in tasks)
+        out = {"named": 0.0, "train_constant": c, "test_constant": c, "by_form": c}
+        return {**out, "chance": c}
+    if grade is None: from afm.grading import grade
+    boxed = tasks[0].kind == "math"   # a math answer is written in \boxed{}
+    score = lambda t, guess: grade(t, f"\\boxed{{{guess}}}" if boxed else guess)
+    named = [fmean(score(t, c) for c in cs) if (cs := named_candidates(t)) else 0.0 for t in tasks]
+    def best_constant(ts, seen):   # the best of the five most common answers of `seen`, and its score on each task of `ts`
+        return max(([score(t, c) for t in ts] for c in common_answers(seen, 5)), key=sum, default=[0.0])
+    by_form = 0.0
+    for f in dict.fromkeys(t.meta.get("form") for t in tasks):   # per form, naming or the form's constant, learnt from `train` if given
+        ix = [i for i, t in enumerate(tasks) if t.meta.get("form") == f]
+        seen = [t for t in train if t.meta.get("form") == f] if train else [tasks[i] for i in ix]
+        by_form += max(sum(named[i] for i in ix), sum(best_constant([tasks[i] for i in ix], seen)))
+    out = {"named": fmean(named), "train_constant": fmean(score(t, common_answers(train)[0]) for t in tasks) if train else 0.0,
+           "test_constant": fmean(best_constant(tasks, tasks)), "by_form": by_form / len(tasks)}
+    return {**out, "chance": max(out.values())}
