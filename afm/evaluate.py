@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -182,9 +183,12 @@ def read_records(path: Path | str) -> list[dict]:
     return out
 
 
-def _append(path: Path, recs: Sequence[dict]) -> None:
+def _append(path: Path, recs: Sequence[dict]) -> list[dict]:
+    "Append records to `path`, flushed and synced; the records as they will read back."
+    lines = [json.dumps(r, ensure_ascii=False) for r in recs]
     with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)); f.flush(); os.fsync(f.fileno())
+        f.write("".join(line + "\n" for line in lines)); f.flush(); os.fsync(f.fileno())
+    return [json.loads(line) for line in lines]
 
 # %% ../nbs/08a_evaluate.ipynb #002ef3b6
 RECORDS_CODE = ("coa", "prompts", "tools", "search", "world", "grading", "engine", "rollout", "evaluate")  # the modules that make a record
@@ -215,7 +219,8 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     started afresh. `engine` may be a function that makes one, called only if a pair is missing. In task order."""
     if stale not in ("refuse", "restart"): raise ValueError(f"stale must be 'refuse' or 'restart', got {stale!r}")
     if k < 1 or batch < 1: raise ValueError(f"k and batch must be at least 1, got k={k}, batch={batch}")
-    if len({t.id for t in tasks}) != len(tasks): raise ValueError("records: task ids must be unique (a task is sampled k times through `k`)")
+    if twice := [t for t, n in Counter(t.id for t in tasks).items() if n > 1]:
+        raise ValueError(f"records: task {twice[0]!r} is listed more than once; a task is sampled more than once through `k`")
     path, config = Path(path), config or RolloutConfig()
     key, key_path = key or eval_key(getattr(engine, "name", "engine"), tasks, config, k), path.with_suffix(".key.json")
     there = json.loads(key_path.read_text()) if key_path.is_file() else None
@@ -232,7 +237,7 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     for i in range(0, len(todo), batch):
         chunk = todo[i:i + batch]
         recs = evaluate(engine, [t for t, _ in chunk], toolbox, config, samples=[s for _, s in chunk], judge=judge, runner=runner, progress=progress)
-        _append(path, recs); done.update(((r["task_id"], r["sample"]), r) for r in recs)
+        done.update(((r["task_id"], r["sample"]), r) for r in _append(path, recs))
     return [done[(t.id, s)] for t in tasks for s in range(k)]
 
 # %% ../nbs/08a_evaluate.ipynb #2fb5d9c5
