@@ -355,6 +355,7 @@ class OfflineTeacher:
         cfg, path = self.config, task.gold_path
         reads = [(path[i], path[i + 1]) for i in range(len(path) - 1) if path[i]["op"] == "search" and path[i + 1]["op"] == "read"]
         computes = [s for s in path if s["op"] == "compute"]
+        rereads = [s for i, s in enumerate(path) if s["op"] == "read" and (i == 0 or path[i - 1]["op"] != "search")]  # off a page read before
         answer = gold_answer(task)
         todo = _plan(task.question, reads, computes)
         yield (say("plan_intro", goal=f"{len(reads)} lookup{'s' * (len(reads) > 1)}"), "planner",
@@ -417,6 +418,8 @@ class OfflineTeacher:
                 yield (noted(say("reflect")), "reflection", f"information_conflict: good - the page states the {what} clearly.\n"
                        f"tool_effectiveness: good - the page was found and read.\n"
                        f"trajectory_monitoring: good - step {k + 1} of {len(todo)} is done.")
+        for r in rereads:  # e.g. the birth year of the one person the lookups single out: noted from the page already read
+            if r["value"] in pages.get(r["url"], ""): learned(_WHAT.get(r["what"], r["what"]), r["title"], r["value"])
         for c in computes:
             wrong = _misread_expr(c["expr"], rng) if misread else None
             yield (noted(say("compute")), "code", f"```python\nprint({wrong or c['expr']})\n```")
