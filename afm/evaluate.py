@@ -210,7 +210,7 @@ def eval_key(model: dict | str, tasks: Sequence[Task], config: RolloutConfig, k:
     return json.loads(json.dumps({**model, "tasks": [t.id for t in tasks], "splits": sorted({t.split for t in tasks}), "k": k,
                                   "rollout": asdict(config), "tools": str(sizes), "code": code_digest(*RECORDS_CODE)}))
 
-# %% ../nbs/08a_evaluate.ipynb #ffb1d548
+# %% ../nbs/08a_evaluate.ipynb #362f993a
 def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequence[Task], toolbox: Toolbox | None = None,
             config: RolloutConfig | None = None, k: int = 1, key: dict | None = None, stale: str = "refuse", batch: int = 64,
             judge=None, runner=None, progress: bool = False) -> list[dict]:
@@ -226,7 +226,8 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     there = json.loads(key_path.read_text()) if key_path.is_file() else None
     if (there is not None or path.is_file()) and there != key:
         differ = [f for f in key if (there or {}).get(f) != key[f]] if there else ["no key file"]
-        if stale == "refuse": raise ValueError(f"{path} holds records made otherwise ({', '.join(differ)} differ); use another file or start afresh")
+        if stale == "refuse": raise ValueError(f"{path} holds records made otherwise ({', '.join(differ)} differ); "
+                                               "use another file, or start afresh (afm eval --fresh)")
         path.unlink(missing_ok=True); key_path.unlink(missing_ok=True); there = None
     if there is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +262,7 @@ def _eval_parser():
     p.add_argument("--fresh", action="store_true", help="records made otherwise in --out are replaced, not refused")
     return p
 
-# %% ../nbs/08a_evaluate.ipynb #4c13565f
+# %% ../nbs/08a_evaluate.ipynb #e2c97953
 def _engine(a) -> Callable[[], Engine]:
     "A function making the engine of `afm eval`'s arguments; an endpoint is asked first whether it answers."
     from afm.models import load
@@ -294,7 +295,7 @@ def cli_eval(argv: list[str] | None = None) -> int:
         make = _engine(a)
         model = {"model": f"{a.model}@{a.endpoint}", "weights": None} if a.endpoint else weights_stamp(a.model)
         chance = json.loads(Path(a.chance).read_text()) if a.chance else None
-        out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(a.model).name}_{a.split}.jsonl"
+        out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(a.model).name}{'_served' if a.endpoint else ''}_{a.split}.jsonl"
         key = eval_key(model, tasks, cfg, n, tool_sizes(a.profile))
         recs = records(out, make, tasks, world_toolbox(tool_sizes(a.profile)), cfg, n, key, "restart" if a.fresh else "refuse", a.batch)
         print(markdown_table(suite_rows(recs, a.k, chance), ["suite", "questions", "samples", "pass@1", "avg@k", "ci95", "pass@k",
