@@ -262,7 +262,7 @@ def _eval_parser():
     p.add_argument("--fresh", action="store_true", help="records made otherwise in --out are replaced, not refused")
     return p
 
-# %% ../nbs/08a_evaluate.ipynb #e2c97953
+# %% ../nbs/08a_evaluate.ipynb #a35c6814
 def _engine(a) -> Callable[[], Engine]:
     "A function making the engine of `afm eval`'s arguments; an endpoint is asked first whether it answers."
     from afm.models import load
@@ -271,10 +271,11 @@ def _engine(a) -> Callable[[], Engine]:
         return lambda: TransformersEngine(*load(a.model), max_batch=32)
     import httpx
     from afm.serve import OpenAIEngine
-    try: httpx.get(f"{a.endpoint.rstrip('/')}/v1/models", timeout=10).raise_for_status()
+    url = a.endpoint.rstrip("/").removesuffix("/v1")  # the server's root: `afm serve model` prints it with /v1
+    try: httpx.get(f"{url}/v1/models", timeout=10).raise_for_status()
     except httpx.HTTPError as e: raise ValueError(f"the endpoint {a.endpoint} does not answer ({type(e).__name__}: {e})") from None
     model, tok = load(a.model)  # its tokenizer, and the context the server has
-    return lambda: OpenAIEngine(a.endpoint, a.model, tok, context=getattr(model.config, "max_position_embeddings", 32768))
+    return lambda: OpenAIEngine(url, a.model, tok, context=getattr(model.config, "max_position_embeddings", 32768))
 
 
 def cli_eval(argv: list[str] | None = None) -> int:

@@ -86,3 +86,25 @@ def test_bad_input_is_one_line(tiny_folder, tmp_path, extra, says):
 def test_unknown_model_is_one_line(tmp_path):
     r = afm("eval", "--model", str(tmp_path / "no-model"), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"))
     assert r.returncode == 1 and "model folder" in r.stderr and "does not exist" in r.stderr.strip().splitlines()[-1], r.stderr[-1000:]
+
+
+def test_eval_over_a_served_model(tiny_folder, tmp_path):
+    "`afm serve model` in one process, `afm eval --endpoint` (the URL as the server prints it) in another: the same records as in process."
+    server = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--port", "0"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving "), line
+        url = line.split(" at ")[1].strip()
+        args = ["--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "3",
+                "--max-new-tokens", "40", "--system", "Search, then answer."]
+        r = afm("eval", *args, "--endpoint", url, "--out", str(tmp_path / "served.jsonl"))
+        assert r.returncode == 0, r.stderr[-2000:]
+    finally:
+        server.kill(); server.wait()
+    assert "| world-atomic | 3 | 3 |" in r.stdout
+    r = afm("eval", *args, "--out", str(tmp_path / "local.jsonl"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert pairs(tmp_path / "served.jsonl") == pairs(tmp_path / "local.jsonl")
+    key = json.loads((tmp_path / "served.key.json").read_text())
+    assert key["model"] == f"{tiny_folder}@{url}" and key["weights"] is None
