@@ -372,8 +372,8 @@ class LLMJudge:
                              "model TEXT, question TEXT, gold TEXT, prediction TEXT, created REAL)")
 
     def key(self, question: str, gold: str, prediction: str) -> str:
-        "The cache key of one judgement."
-        return hashlib.sha256(json.dumps([self.model, question, gold, prediction]).encode()).hexdigest()
+        "The cache key of one judgement: the model, the prompts it is given (a verdict under an older prompt is not reused) and the texts."
+        return hashlib.sha256(json.dumps([self.model, JUDGE_SYSTEM, JUDGE_PROMPT, question, gold, prediction]).encode()).hexdigest()
 
     def _cached(self, key: str) -> Judgement | None:
         "A judgement from memory or the sqlite file."
