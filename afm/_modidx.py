@@ -250,6 +250,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.evaluate.pass_at_k': ('evaluate.html#pass_at_k', 'afm/evaluate.py'),
                               'afm.evaluate.read_records': ('evaluate.html#read_records', 'afm/evaluate.py'),
                               'afm.evaluate.records': ('evaluate.html#records', 'afm/evaluate.py'),
+                              'afm.evaluate.suite_chance': ('evaluate.html#suite_chance', 'afm/evaluate.py'),
                               'afm.evaluate.suite_rows': ('evaluate.html#suite_rows', 'afm/evaluate.py'),
                               'afm.evaluate.suite_tasks': ('evaluate.html#suite_tasks', 'afm/evaluate.py'),
                               'afm.evaluate.summarize': ('evaluate.html#summarize', 'afm/evaluate.py'),

@@ -22,9 +22,9 @@ from .tools import Toolbox
 from .world import GENERATED_SUITES
 
 # %% auto #0
-__all__ = ['EVAL_SUITES', 'RECORDS_CODE', 'grade_episode', 'evaluate', 'suite_tasks', 'pass_at_k', 'by_task', 'bootstrap_ci',
-           'suite_rows', 'summarize', 'macro_mean', 'markdown_table', 'paired_bootstrap', 'choose', 'read_records',
-           'weights_stamp', 'eval_key', 'records', 'cli_eval']
+__all__ = ['EVAL_SUITES', 'RECORDS_CODE', 'grade_episode', 'evaluate', 'suite_tasks', 'suite_chance', 'pass_at_k', 'by_task',
+           'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean', 'markdown_table', 'paired_bootstrap', 'choose',
+           'read_records', 'weights_stamp', 'eval_key', 'records', 'cli_eval']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None) -> dict:
@@ -60,6 +60,17 @@ def suite_tasks(per_suite: int, split: str = "test", suites: Sequence[str] = EVA
         kw = {"scale": scale, "seed": seed, "sizes": {split: per_suite}} if s in GENERATED_SUITES else {}
         out += load_benchmark(s, split=split, **kw)[:per_suite]
     return out
+
+# %% ../nbs/08a_evaluate.ipynb #90d8f7b9
+def suite_chance(tasks: Sequence[Task], scale: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """The chance score (`afm.world.chance_baseline`) of each generated suite on its tasks among `tasks`, with the suite's
+    `sft` split as what a guesser may have learned from: the number that stands beside every figure."""
+    from afm.tasks import load_benchmark
+    from afm.world import chance_baseline
+    groups: dict[str, list[Task]] = {}
+    for t in tasks: groups.setdefault(t.source, []).append(t)
+    return {s: chance_baseline(ts, load_benchmark(s, split="sft", scale=scale, seed=seed))["chance"]
+            for s, ts in groups.items() if s in GENERATED_SUITES}
 
 # %% ../nbs/08a_evaluate.ipynb #51995bc7
 def pass_at_k(n: int, c: int, k: int) -> float:
