@@ -19,10 +19,10 @@ from .sft import register_segment_attention, sft_dataset
 __all__ = ['matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09a_sft_bench.ipynb #2579a752
-def matmul_peak(n: int = 1024, repeats: int = 8) -> float:
-    "FLOP/s of an `n`×`n` fp32 matrix product with torch's current threads: the peak that MFU is measured against."
+def matmul_peak(n: int = 1024, repeats: int = 8, dtype: str = "float32") -> float:
+    "FLOP/s of an `n`×`n` matrix product in `dtype` with torch's current threads: the peak that MFU is measured against."
     import torch
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     for _ in range(2): a @ b
     t0 = time.perf_counter()
     for _ in range(repeats): a @ b
@@ -38,22 +38,24 @@ def train_flops(model, lengths) -> float:
 
 # %% ../nbs/09a_sft_bench.ipynb #a00be2ea
 def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_step: int = 2, progress: bool = False) -> dict:
-    """Our batches (packed, padding-free, attention per example) against the same packing on transformers' SDPA and TRL's
-    default padded batches, one epoch over the `input_ids`/`labels` rows `ds` each, from the same initial model
-    (`model_factory()` makes it): real-token share, tokens/s, MFU."""
+    """Our batches (packed, padding-free, attention per example; in fp32 and under bf16 autocast) against the same packing
+    on transformers' SDPA and TRL's default padded batches, one epoch over the `input_ids`/`labels` rows `ds` each, from the
+    same initial model (`model_factory()` makes it): real-token share, tokens/s, MFU against the fp32 and the bf16 peak."""
     import torch
     from trl import SFTConfig, SFTTrainer
     lengths = [len(x) for x in ds["input_ids"]]
     per_padded = max(1, round(rows_per_step * max_length / (sum(lengths) / len(lengths))))
-    peak, out = matmul_peak(), {"rows": len(ds), "tokens": sum(lengths), "torch_threads": torch.get_num_threads()}
+    peaks = {"fp32": matmul_peak(), "bf16": matmul_peak(dtype="bfloat16")}
+    out = {"rows": len(ds), "tokens": sum(lengths), "torch_threads": torch.get_num_threads()}
     packed = dict(packing=True, packing_strategy="bfd", padding_free=True, per_device_train_batch_size=rows_per_step)
-    for name, kw, attention in (("ours", packed, register_segment_attention()), ("packed_sdpa", packed, "sdpa"),
-                                ("padded", dict(per_device_train_batch_size=per_padded), "sdpa")):
+    ours = register_segment_attention()
+    for name, kw, attention, bf16 in (("ours", packed, ours, False), ("ours_bf16", packed, ours, True), ("packed_sdpa", packed, "sdpa", False),
+                                      ("padded", dict(per_device_train_batch_size=per_padded), "sdpa", False)):
         model = model_factory()
         model.set_attn_implementation(attention)
         cfg = SFTConfig(output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / f"afm-bench-sft-{os.getpid()}"), max_length=max_length,
                         num_train_epochs=1, learning_rate=1e-3, logging_steps=10 ** 6, save_strategy="no", report_to="none",
-                        gradient_checkpointing=False, bf16=False, disable_tqdm=not progress, use_cpu=not torch.cuda.is_available(), seed=0, **kw)
+                        gradient_checkpointing=False, bf16=bf16, disable_tqdm=not progress, use_cpu=not torch.cuda.is_available(), seed=0, **kw)
         trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tokenizer)
         real = total = trained = 0
         for b in trainer.get_train_dataloader():
@@ -63,8 +65,10 @@ def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_ste
         t0 = time.perf_counter(); trainer.train(); seconds = time.perf_counter() - t0
         out[name] = {"real_token_share": round(real / total, 4), "steps": trainer.state.global_step, "seconds": round(seconds, 2),
                      "tokens_per_s": round(real / seconds), "trained_tokens_per_s": round(trained / seconds),
-                     "mfu": round(train_flops(model, lengths) / seconds / peak, 4)}
-    return out | {"matmul_peak_gflops": round(peak / 1e9, 1), "tokens_per_s_ratio": round(out["ours"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 2)}
+                     **{f"mfu_vs_{p}" if p != "fp32" else "mfu": round(train_flops(model, lengths) / seconds / v, 4) for p, v in peaks.items()}}
+    return out | {"matmul_peak_gflops": round(peaks["fp32"] / 1e9, 1), "matmul_peak_bf16_gflops": round(peaks["bf16"] / 1e9, 1),
+                  "tokens_per_s_ratio": round(out["ours"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 2),
+                  "bf16_speedup": round(out["ours_bf16"]["tokens_per_s"] / out["ours"]["tokens_per_s"], 2)}
 
 # %% ../nbs/09a_sft_bench.ipynb #b67728c3
 def cli_bench(argv: list[str] | None = None) -> int:
