@@ -194,14 +194,23 @@ def settings_path(path: Path | str | None = None, root: Path | str | None = None
 
 
 def load_profiles(path: Path | str | None = None) -> dict[str, dict[str, Any]]:
-    "Every profile in the profiles file (`settings_path(path)`), `[DEFAULT]` keys merged into each."
+    """Every profile in the profiles file (`settings_path(path)`), `[DEFAULT]` keys merged into each. A profile with
+    `extends = <name>` starts from that profile's keys and overrides them with its own (`extends` itself is not kept)."""
     path = settings_path(path)
     if not path.is_file(): raise FileNotFoundError(f"no settings file at {path}")
-    cp = configparser.ConfigParser(interpolation=None)
+    cp = configparser.ConfigParser(interpolation=None, default_section="\0")  # [DEFAULT] read as a section: merged below
     cp.optionxform = str  # keep key case
     try: cp.read(path)
     except configparser.Error as e: raise ValueError(f"{path}: {' '.join(str(e).split())}") from None
-    return {name: {k: _value(v) for k, v in cp[name].items()} for name in cp.sections()}
+    own = {name: {k: _value(v) for k, v in cp[name].items()} for name in cp.sections()}
+    defaults = own.pop("DEFAULT", {})
+    def resolved(name, seen=()):
+        if name in seen: raise ValueError(f"{path}: profiles extend each other in a cycle: {' -> '.join([*seen, name])}")
+        keys = dict(own[name])
+        if (parent := keys.pop("extends", None)) is None: return {**defaults, **keys}
+        if parent not in own: raise ValueError(f"{path}: [{name}] extends {parent!r}, which is not a profile here ({', '.join(own)})")
+        return {**resolved(parent, (*seen, name)), **keys}
+    return {name: resolved(name) for name in own}
 
 
 def load_profile(name: str, path: Path | str | None = None) -> dict[str, Any]:

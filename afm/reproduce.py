@@ -159,13 +159,14 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
 def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None, resume: bool = True,
         settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
         table: Sequence[Chapter] = CHAPTERS) -> dict[str, Any]:
-    "Run the pipeline's chapters (of `table`) for `profile` and write `reports/`; returns the content of metrics.json."
+    """Run the pipeline's chapters (of `table`) for `profile` and write `reports` (default: `reports/` for `tiny`, what
+    `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json."""
     from afm.core import progress_bar
     root = repo_root(root)
     settings = settings_path(settings, root).resolve()
     params = load_profile(profile, settings)
     check_profile(params, root / "nbs", f"{settings} [{profile}]", table)  # before anything runs
-    reports = Path(reports or root / "reports").resolve()
+    reports = Path(reports or root / "reports" / ("" if profile == "tiny" else profile)).resolve()
     nbs = pipeline_chapters(root / "nbs", table)
     if chapters: nbs = select_chapters(chapters, nbs)
     metrics_path = reports / "metrics.json"
@@ -251,7 +252,7 @@ def cli_run(argv: list[str] | None = None) -> int:
                                 "reports/ (metrics.json, the report card, tables and figures).")
     p.add_argument("--profile", default="tiny", help="a section of settings.ini (default: tiny)")
     p.add_argument("--chapters", nargs="+", metavar="CHAPTER", help="only these chapters, e.g. 00_coa or coa (default: all)")
-    p.add_argument("--reports", help="output folder (default: <repo>/reports)")
+    p.add_argument("--reports", help="output folder (default: <repo>/reports, or <repo>/reports/<profile> for a profile other than tiny)")
     p.add_argument("--settings", help="profiles file (default: <repo>/settings.ini)")
     p.add_argument("--no-resume", action="store_true", help="rerun chapters that already finished with the same inputs")
     p.add_argument("--list", action="store_true", help="list the profiles and chapters, then exit")

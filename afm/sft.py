@@ -25,7 +25,7 @@ __all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'sft_ro
            'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs', 'sft_args', 'data_digest',
            'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split', 'sft_trainer', 'train_sft',
            'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example', 'prefix_dataset',
-           'sft_recipe', 'copy_positions', 'copy_probe', 'cli_sft']
+           'sft_recipe', 'copy_positions', 'copy_probe', 'sft_candidates', 'fewshot_system', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -194,8 +194,8 @@ def register_segment_attention() -> str:
 
 # %% ../nbs/09_sft.ipynb #80506c72
 MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
-CHAPTER_KEYS = ("sft_demo_steps", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_ablation", "sft_math500",
-                "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
+CHAPTER_KEYS = ("sft_demo_steps", "sft_val_per_suite", "sft_choose", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_fewshot",
+                "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
 
 
 def known_schedulers() -> list[str]:
@@ -557,6 +557,32 @@ def copy_probe(model, rows, max_rows: int = 64) -> dict:
     model.train(was_training)
     mean = [round(s / n, 4) if n else None for s, n in zip(sums, counts)]
     return {"copy_loss": mean[0], "other_loss": mean[1], "copy_tokens": counts[0], "other_tokens": counts[1]}
+
+# %% ../nbs/09_sft.ipynb #e73a8c14
+def sft_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
+    """What validation chooses among for the SFT stage in folder `run`: its final model (`final`: the best validation loss
+    under early stopping, else the last step) and `n - 1` full-model checkpoints spread over the run's second half
+    (`step-<k>`). A LoRA run keeps adapters in its checkpoints: only its merged final model is a candidate."""
+    run = Path(run)
+    if not (run / "model").is_dir(): raise FileNotFoundError(f"{run}: no finished SFT stage (no model folder)")
+    last = json.loads((run / "sft.json").read_text())["steps"]
+    steps = sorted(int(p.name.removeprefix("checkpoint-")) for p in (run / "checkpoints").glob("checkpoint-*")
+                   if p.name.removeprefix("checkpoint-").isdigit() and (p / "model.safetensors").is_file())
+    earlier = [s for s in steps if last / 2 <= s < last]
+    picks = sorted({earlier[i * len(earlier) // (n - 1)] for i in range(n - 1)}) if earlier and n > 1 else []
+    return {**{f"step-{s}": run / "checkpoints" / f"checkpoint-{s}" for s in picks}, "final": run / "model"}
+
+
+def fewshot_system(data, k: int, source: str = "world-atomic") -> str:
+    "The system prompt of `data`'s rows followed by `k` of its solved `source` questions: a few-shot prompt for a base model."
+    system, shots = None, []
+    for where, row in sft_rows(data):
+        if row.get("source") != source: continue
+        system, user, assistant = conversation(row, where)
+        shots.append(f"Question: {user}\n{assistant}")
+        if len(shots) == k: break
+    if len(shots) < k: raise ValueError(f"fewshot_system: {data} has {len(shots)} {source} rows, fewer than the {k} asked for")
+    return (system or "") + "\n\nSolved examples, in the format to follow:\n\n" + "\n\n".join(shots)
 
 # %% ../nbs/09_sft.ipynb #03b949a5
 def cli_sft(argv: list[str] | None = None) -> int:
