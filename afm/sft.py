@@ -236,7 +236,7 @@ class SFTArgs:
     val_steps: int = field(default=50, metadata={"help": "steps between validation losses"})
     save_steps: int = field(default=50, metadata={"help": "steps between checkpoints"})
     early_stopping: int = field(default=0, metadata={"help": "stop after this many validations without improvement (0: off)"})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 mixed precision (GPUs)"})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPUs; CPUs with AMX or AVX512-BF16 run it faster too)"})
     attention: str = field(default=SEGMENT_ATTENTION, metadata={"help": "attention while training: afm_segments (per packed example), or a transformers name (sdpa, flash_attention_2)"})
     seed: int = field(default=0, metadata={"help": "seed of the split, the data order and the initialisation"})
 

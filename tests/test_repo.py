@@ -97,3 +97,21 @@ def test_every_pipeline_chapter_takes_its_parameters():
         assert len(cells) == 1, f"{path.name}: {len(cells)} cells tagged parameters, want 1"
         source = "".join(cells[0]["source"])
         assert "profile = " in source and "reports_dir = None" in source, f"{path.name}: its parameters cell must declare profile and reports_dir"
+
+
+def test_every_profile_sets_the_sft_schedule():
+    "The SFT chapter's schedule parameters default to CI sizes (2 steps, a 2-step copy curriculum): a profile that left one out would train on it."
+    import ast
+    cells = json.loads((REPO / "nbs" / "09_sft.ipynb").read_text())["cells"]
+    source = "".join(next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))["source"])
+    from afm.sft import SFTArgs
+    schedule = [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets
+                if t.id.startswith("sft_") and t.id.removeprefix("sft_") in SFTArgs.__dataclass_fields__]
+    assert {"sft_max_steps", "sft_copy_steps"} <= set(schedule)
+    for name, params in load_profiles(REPO / "settings.ini").items():
+        missing = [k for k in schedule if k not in params]
+        assert not missing, f"profile {name} leaves {missing} at the chapter's CI defaults"
+    profiles = load_profiles(REPO / "settings.ini")
+    assert profiles["tiny-study"]["sft_ablation"] and not profiles["tiny"]["sft_ablation"]  # make reproduce runs no ablation
+    assert {k: v for k, v in profiles["tiny-study"].items() if k not in ("description", "sft_ablation")} == \
+        {k: v for k, v in profiles["tiny"].items() if k not in ("description", "sft_ablation")}  # the study extends tiny
