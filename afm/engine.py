@@ -422,13 +422,15 @@ def _stop_string(self: TransformersEngine, row: _Row) -> str | None:
 # %% ../nbs/07_engine.ipynb #30d10686
 @patch
 def _keep(self: TransformersEngine, row: _Row, k: int, batch) -> None:
-    "Keep a finished row's cache under its key: the ids it covers are the prompt and all but the newest token."
+    """Keep a finished row's cache under its key: the ids it covers are the prompt and all but the newest token. The row's
+    columns are those its mask attends: a row that joined from a cached prefix has padding between that prefix and its
+    new tokens, not only before them."""
     if row.req.key is None or self.max_cached == 0: return
     layers, mask, _ = batch
-    n = int(mask[k].sum())
+    cols = mask[k].nonzero()[:, 0]
     self._prefix.pop(row.req.key, None)
     while len(self._prefix) >= self.max_cached: self._prefix.pop(next(iter(self._prefix)))
-    self._prefix[row.req.key] = (row.req.ids + row.out[:-1], [[kk[k:k + 1, :, -n:].clone(), vv[k:k + 1, :, -n:].clone()] for kk, vv in layers])
+    self._prefix[row.req.key] = (row.req.ids + row.out[:-1], [[kk[k:k + 1, :, cols].clone(), vv[k:k + 1, :, cols].clone()] for kk, vv in layers])
 
 
 @patch
@@ -486,14 +488,17 @@ class EngineBackend:
 
 # %% ../nbs/07_engine.ipynb #df358357
 class VLLMEngine(Engine):
-    "vLLM's offline engine behind `Engine` (GPUs, the `gpu` extra); keyword arguments go to `vllm.LLM`."
+    """vLLM's offline engine behind `Engine` (GPUs, the `gpu` extra): `model` a name or folder (keyword arguments go to
+    `vllm.LLM`), or a `vllm.LLM` already built, such as the one TRL's GRPO colocates with the policy."""
 
-    def __init__(self, model: str, **kwargs):
+    def __init__(self, model, **kwargs):
         try: import vllm
         except ImportError:
             raise RuntimeError("VLLMEngine needs vLLM, the `gpu` extra (pip install -e '.[gpu]'), which runs on NVIDIA GPUs "
                                "only; on CPU use TransformersEngine") from None
-        self.llm, self.name = vllm.LLM(model=model, **kwargs), f"vllm:{model}"
+        built = not isinstance(model, (str, bytes)) and hasattr(model, "llm_engine")
+        self.llm = model if built else vllm.LLM(model=model, **kwargs)
+        self.name = f"vllm:{self.llm.llm_engine.model_config.model if built else model}"
         self.tokenizer = self.llm.get_tokenizer()
         self.context = self.llm.llm_engine.model_config.max_model_len
 

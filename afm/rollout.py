@@ -77,6 +77,7 @@ class Episode:
     format_error: str | None = None
     turns: int = 0
     tool_calls: int = 0  # calls whose observation reached the model
+    tool_failures: int = 0  # calls the tool could not serve (an error, a timeout, a broken tool): the environment's fault, not the model's
     seconds: float = 0.0
     tool_seconds: float = 0.0
 
@@ -237,6 +238,8 @@ def _observe(s: _State, fut: Future, engine: Engine, cfg: RolloutConfig, tags, c
     if fut.done(): result, seconds = fut.result()
     else: result, seconds = _Failed(f"[FAILED] the tool did not answer within {cfg.tool_timeout_s:g} s"), cfg.tool_timeout_s
     ep.tool_seconds += seconds
+    failed = isinstance(result, (ToolBroken, ReplayMiss, _Failed)) or result.status in ("tool_error", "timeout")
+    ep.tool_failures += failed
     if isinstance(result, (ToolBroken, ReplayMiss)):
         _end(s, "tool_broken", tok, tags, why=str(result)); return False
     forced = tok(observation_text(result.observation.lstrip(), tags, controls), add_special_tokens=False)["input_ids"]
