@@ -23,9 +23,10 @@ from .tools import Toolbox
 from trl import GRPOTrainer
 
 # %% auto #0
-__all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RLArgs', 'rl_args', 'overlong_penalty',
-           'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'fill',
-           'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl']
+__all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'RLArgs', 'rl_args',
+           'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'fill',
+           'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl', 'plot_health',
+           'rl_tasks', 'cli_rl']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -45,6 +46,8 @@ class RLArgs:
     epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO's clip-higher)"})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient against the starting model (DAPO: 0)"})
     scale_rewards: str = field(default="group", metadata={"help": "advantages divided by the group's std (group), the batch's (batch) or not (none)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the episodes (it replaces the rollout config's)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling of the episodes; DAPO samples the full distribution (1.0), which the loss assumes"})
     dynamic_sampling: bool = field(default=True, metadata={"help": "drop groups whose rewards are all equal and draw others in their place"})
     max_draws: int = field(default=3, metadata={"help": "dynamic sampling: extra draws per step at most; then groups without signal fill the batch"})
     mask_cut: bool = field(default=True, metadata={"help": "no loss on episodes a limit cut short (tokens, turns, tool calls, context)"})
@@ -66,7 +69,7 @@ class RLArgs:
     def __post_init__(self):
         check_fields(self, ints={"warmup_steps": 0, "max_steps": 1, "num_generations": 2, "groups_per_step": 1, "micro_batch": 0,
                                  "max_draws": 0, "overlong_buffer": 0, "lora_r": 1, "lora_alpha": 1, "save_steps": 1, "max_batch": 1, "seed": 0},
-                     numbers={"learning_rate": "[0, 1]", "epsilon": "[0, 1]", "epsilon_high": "[0, 10]", "beta": "[0, 10]",
+                     numbers={"learning_rate": "[0, 1]", "temperature": "(0, 10]", "top_p": "(0, 1]", "epsilon": "[0, 1]", "epsilon_high": "[0, 10]", "beta": "[0, 10]",
                               "format_weight": "[0, 0.1]", "guard_tool_failures": "[0, 1]", "guard_format_failures": "[0, 1]",
                               "guard_logprob_gap": "[0, inf)"})
         for name, known in (("scale_rewards", ("group", "batch", "none")), ("report_to", REPORTS)):
@@ -80,7 +83,7 @@ def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
     return profile_config(RLArgs, profile, "rl_", where=where, known=CHAPTER_KEYS, **{**shared, **overrides})
 
 
-CHAPTER_KEYS = ("rl_demo_steps",)  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
+CHAPTER_KEYS = ("rl_demo_steps", "rl_suites", "rl_tasks_per_suite")  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
 
 # %% ../nbs/10_rl.ipynb #0e2dd70e
 CUT_ENDS = frozenset({"max_new_tokens", "max_turns", "max_tool_calls", "context", "unclosed"})  # a limit ended the episode
@@ -353,6 +356,10 @@ def _health_callback(out: Path, args: RLArgs):
                 with self.path.open(newline="") as f: rows = [r for r in csv.DictReader(f) if int(r["step"]) <= state.global_step]
                 _write_health(self.path, rows, "w")
 
+        def on_save(self, targs, state, control, **kw):  # written last: the checkpoint is complete
+            if state.is_world_process_zero:
+                Path(targs.output_dir, f"checkpoint-{state.global_step}", "afm_health.json").write_text(json.dumps({"step": state.global_step}))
+
         def on_log(self, targs, state, control, logs=None, **kw):
             logs = dict(logs or {})
             if "reward" not in logs: return  # the end-of-training summary, not a step
@@ -448,7 +455,8 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     from transformers.trainer_utils import get_last_checkpoint
     from afm.models import load, save_model
     from afm.sft import _digest
-    args, config, out = args or RLArgs(), config or RolloutConfig(), Path(out)
+    args, out = args or RLArgs(), Path(out)
+    config = replace(config or RolloutConfig(), temperature=args.temperature, top_p=args.top_p)
     if (model is None) != (tokenizer is None): raise ValueError("train_rl: pass model and tokenizer together, or neither")
     rollout_fn = AgenticRollout(tasks, toolbox, config, args, judge, runner)
     identity = _identity(args, config, rollout_fn)
@@ -483,3 +491,73 @@ def _mean(rows: list[dict], key: str) -> float | None:
     "The mean of a health column over the logged steps."
     vals = [r[key] for r in rows if r.get(key) is not None]
     return round(sum(vals) / len(vals), 4) if vals else None
+
+# %% ../nbs/10_rl.ipynb #a4ba3478
+def plot_health(run: Path | str, path: Path | str, title: str = "RL health") -> Path:
+    "Six panels of a run's health log against the step, saved as a PNG."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = read_health(run)
+    steps = [r["step"] for r in rows]
+    panels = [("reward", ["reward", "episodes/grade"]), ("groups", ["groups/zero_variance_share", "groups/drawn"]),
+              ("per episode", ["episodes/sampled_tokens", "episodes/tool_calls"]),
+              ("failure rates", ["episodes/tool_failure_rate", "episodes/format_failure_rate", "episodes/cut_rate"]),
+              ("policy", ["entropy", "clip_ratio/region_mean", "logprob_gap/max", "grad_norm"]),
+              ("seconds", ["time/rollout_s", "time/reward_s", "time/training_s"])]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (name, keys) in zip(axes.flat, panels):
+        for k in keys:
+            ys = [r.get(k) for r in rows]
+            if any(y is not None for y in ys): ax.plot(steps, [float("nan") if y is None else y for y in ys], marker=".", label=k)
+        ax.set_title(name); ax.set_xlabel("step"); ax.legend(fontsize=7)
+    fig.suptitle(title); fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110); plt.close(fig)
+    return Path(path)
+
+# %% ../nbs/10_rl.ipynb #cb3c3cc3
+RL_SUITES = ("world-atomic", "world-depth", "world-width", "world-compute")  # the generated QA suites: tasks with tools and strict grades
+
+
+def rl_tasks(suites: Sequence[str] = RL_SUITES, per_suite: int = 100, scale: float = 1.0, seed: int = 0) -> list[Task]:
+    "The first `per_suite` tasks of the `rl` split of each suite: what RL trains on, entities neither SFT nor the tests saw."
+    from afm.evaluate import suite_tasks
+    return suite_tasks(per_suite, "rl", suites, scale, seed)
+
+
+def cli_rl(argv: list[str] | None = None) -> int:
+    "`afm rl`: agentic RL from the profile's SFT model on the rl split of its suites, with the real tools; resumes an interrupted run."
+    import sys
+    from dataclasses import asdict
+    from afm.core import data_dir, parse_configs, stage_parser, stage_profile
+    from afm.rollout import rollout_config
+    from afm.world import tool_sizes, world_toolbox
+    p, pre = stage_parser("afm rl", cli_rl.__doc__, RLArgs, options={
+        "--suites": {"help": "suites whose rl split trains, comma-separated (default: the profile's rl_suites, else the world QA suites)"},
+        "--tasks_per_suite": {"type": int, "help": "rl-split tasks per suite (default: the profile's rl_tasks_per_suite, else 100)"},
+        "--system": {"help": "the system prompt (default: the SFT rows' prompt of each task's kind)"},
+        "--out": {"help": "the run folder (default: <repo>/data/rl/<profile>)"}})
+    try:
+        _, prof, where = stage_profile(pre, argv)
+        defaults = asdict(rl_args(prof, where))
+        sft_model = data_dir("sft", pre.parse_known_args(argv)[0].profile) / "sft" / "model"
+        if "rl_model" not in prof and (sft_model / "config.json").is_file(): defaults["model"] = str(sft_model)
+        args, a = parse_configs(p, argv, RLArgs, defaults=defaults)
+        suites = [s.strip() for s in a.suites.split(",")] if a.suites else list(prof.get("rl_suites", RL_SUITES))
+        per = a.tasks_per_suite or prof.get("rl_tasks_per_suite", 100)
+        if per < 1: raise ValueError(f"--tasks_per_suite must be at least 1, got {per}")
+        tasks = rl_tasks(suites, per, prof.get("world_scale", 1.0), prof.get("seed", 0))
+        cfg = rollout_config(prof, where, **({"system": a.system} if a.system else {}))
+        out = Path(a.out) if a.out else data_dir("rl", a.profile)
+        figures = train_rl(tasks, out, args, cfg, world_toolbox(tool_sizes(prof, where)), progress=True)
+    except GuardStop as e:
+        print(f"afm rl: {e}", file=sys.stderr)
+        return 3
+    except Exception as e:  # one line naming what failed: a profile key, the model folder, a suite, a setting
+        print(f"afm rl: {type(e).__name__}: {' '.join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())}", file=sys.stderr)
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: v for k, v in figures.items() if k != "identity"}, indent=1))
+        print(f"wrote {out / 'model'}" + (" (already finished)" if figures.get("already_finished") else ""))
+    return 0

@@ -1,0 +1,144 @@
+"""`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes, the guard stopping
+a run whose search service goes down, and bad settings refused in one line before anything trains."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+AFM = str(Path(sys.executable).with_name("afm"))
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+PROFILE = """[quick]
+description = test: the small tool-calling model, 16 world-atomic rl questions, 2 groups of 4 episodes a step
+system_style = brief
+rollout_max_new_tokens = 160
+rollout_max_tokens_per_turn = 80
+rollout_max_turns = 8
+rollout_max_tool_calls = 4
+tools_web_k = 2
+tools_snippet_chars = 100
+rl_suites = ["world-atomic"]
+rl_tasks_per_suite = 16
+rl_num_generations = 4
+rl_groups_per_step = 2
+rl_max_draws = 1
+rl_format_weight = 0.1
+rl_learning_rate = 0.001
+rl_report_to = none
+rl_save_steps = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    "The small tool-calling model in a folder and a profile of its own (format reward on, so every step moves the weights)."
+    from afm.fit import tool_calling_tiny
+    from afm.models import save_model
+    tmp = tmp_path_factory.mktemp("rl")
+    save_model(*tool_calling_tiny(), tmp / "model")
+    (tmp / "settings.ini").write_text(PROFILE)
+    return tmp
+
+
+def _cmd(setup, out, *extra):
+    from afm.fit import TINY_SYSTEM
+    return [AFM, "rl", "--profile", "quick", "--settings", str(setup / "settings.ini"), "--model", str(setup / "model"),
+            "--system", TINY_SYSTEM, "--out", str(out), *extra]
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
+    from afm.rl import read_health
+    steps = ["--max_steps", "4"]
+    ref = subprocess.run(_cmd(setup, setup / "whole", *steps), capture_output=True, text=True, env=ENV, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = setup / "killed"
+    proc = subprocess.Popen(_cmd(setup, out, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    mark = out / "checkpoints" / "checkpoint-2" / "afm_health.json"  # written after the rest of the checkpoint
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not mark.is_file() and proc.poll() is None: time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    assert mark.is_file() and not (out / "rl.json").exists()  # killed after a checkpoint, before the end
+    again = subprocess.run(_cmd(setup, out, *steps), capture_output=True, text=True, env=ENV, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    done = json.loads((out / "rl.json").read_text())
+    assert done["resumed_from"] == "checkpoint-2" and done["steps"] == 4
+    a, b = read_health(out), read_health(setup / "whole")
+    assert [r["step"] for r in a] == [1, 2, 3, 4] == [r["step"] for r in b]  # every step logged once
+    for k in ("reward", "episodes/sampled_tokens", "episodes/tool_calls"):  # the resumed steps sampled the same episodes
+        assert [r[k] for r in a] == pytest.approx([r[k] for r in b], abs=1e-4), k
+    wa, wb = _weights(out / "model"), _weights(setup / "whole" / "model")
+    start = _weights(setup / "model")
+    assert any((wb[n] - start[n]).abs().max() > 1e-6 for n in wb)  # RL moved the weights
+    assert all((wa[n] - wb[n]).abs().max() < 1e-4 for n in wa)  # and the resumed run moved them the same way
+
+
+def test_two_processes_end_with_the_same_weights(setup):
+    out = setup / "ddp"
+    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    done = json.loads((out / "rl.json").read_text())
+    ranks = [(out / f"rank{i}.sha256").read_text() for i in range(2)]
+    assert done["world_size"] == 2 and done["steps"] == 2 and ranks[0] == ranks[1]
+
+
+def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
+    """Web search through a Serper-protocol service on localhost (BM25 over the world's pages); the service is shut down
+    after the first step: the next step's tool calls fail, and the guard saves a checkpoint and stops the run."""
+    from fastapi import FastAPI
+    from afm.fit import TINY_SYSTEM
+    from afm.llm import serve_in_thread
+    from afm.models import load
+    from afm.rl import GuardStop, RLArgs, read_health, rl_tasks, train_rl
+    from afm.rollout import RolloutConfig
+    from afm.search import SearchConfig, SerperSearch, default_index
+    from afm.tools import Toolbox
+    from afm.world import world_documents
+    index = default_index(extra=world_documents())
+    app = FastAPI()
+
+    @app.post("/search")
+    def search(body: dict):
+        return {"organic": [{"title": h.doc.title, "link": h.doc.url, "snippet": h.doc.text[:100]} for h in index.search(body["q"], body.get("num", 2))]}
+
+    server, url = serve_in_thread(app)
+    box = Toolbox([SearchConfig(index=index, web_k=2, snippet_chars=100, serper=SerperSearch(api_key="k", endpoint=f"{url}/search", timeout_s=2))], online=True)
+    out = tmp_path / "guarded"
+    def stop_after_first_step():
+        while not (out / "health.csv").is_file() or len((out / "health.csv").read_text().splitlines()) < 2: time.sleep(0.05)
+        server.should_exit = True
+    threading.Thread(target=stop_after_first_step, daemon=True).start()
+    args = RLArgs(max_steps=6, num_generations=4, groups_per_step=2, max_draws=0, report_to="none", save_steps=100, format_weight=0.1,
+                  guard_format_failures=1.0)  # this model, reading web results it was not fitted on, fails the format often: watch the tools alone
+    cfg = RolloutConfig(max_new_tokens=160, max_tokens_per_turn=80, max_tool_calls=4, system=TINY_SYSTEM, system_style="brief")
+    with pytest.raises(GuardStop, match="tool_failure_rate"):
+        train_rl(rl_tasks(["world-atomic"], 16), out, args, cfg, box, *load(str(setup / "model")), progress=False)
+    health, guard = read_health(out), json.loads((out / "guard.json").read_text())
+    assert health[0]["episodes/tool_failure_rate"] == 0.0 and health[-1]["episodes/tool_failure_rate"] > 0.5
+    assert guard["step"] == health[-1]["step"] < 6 and (out / "checkpoints" / f"checkpoint-{guard['step']}" / "afm_health.json").is_file()
+    assert not (out / "rl.json").exists()  # a stopped run is not a finished one
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--num_generations", "1"], "num_generations"), (["--groups_per_step", "3", "--micro_batch", "5"], "rl_micro_batch"),
+    (["--suites", "no-such-suite"], "no-such-suite"), (["--report_to", "nowhere"], "report_to"),
+    (["--format_weight", "0.5"], "format_weight")])
+def test_bad_settings_are_one_clear_line(setup, tmp_path, capsys, args, says):
+    from afm.rl import cli_rl
+    argv = _cmd(setup, tmp_path / "bad", "--max_steps", "1", *args)[2:]  # what follows `afm rl`, run in this process
+    assert cli_rl(argv) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("afm rl:") and says in lines[0], lines
+    assert not (tmp_path / "bad" / "checkpoints").exists()
