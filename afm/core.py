@@ -68,7 +68,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("08a_evaluate", "evaluate", commands=("eval",)),
     Chapter("09_sft", "sft", commands=("sft",)),
     Chapter("09a_sft_bench", "sft_bench", commands=("bench sft",)),
-    Chapter("10_rl", "rl", commands=("rl",)),
+    Chapter("10_rl", "rl", commands=("rl", "bench rl")),
     Chapter("12_reproduce", "reproduce", pipeline=False, commands=("run",)),
     Chapter("13_cli", "cli", pipeline=False),
 )

@@ -23,10 +23,10 @@ from .tools import Toolbox
 from trl import GRPOTrainer
 
 # %% auto #0
-__all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'RLArgs', 'rl_args',
-           'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'fill',
-           'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl', 'plot_health',
-           'rl_tasks', 'cli_rl']
+__all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'TOOL_ROLES', 'VERIFY_ROLES',
+           'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout',
+           'has_signal', 'fill', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer',
+           'train_rl', 'plot_health', 'rl_tasks', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -83,7 +83,8 @@ def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
     return profile_config(RLArgs, profile, "rl_", where=where, known=CHAPTER_KEYS, **{**shared, **overrides})
 
 
-CHAPTER_KEYS = ("rl_demo_steps", "rl_suites", "rl_tasks_per_suite")  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
+CHAPTER_KEYS = ("rl_demo_steps", "rl_seeds", "rl_study_steps", "rl_suites", "rl_tasks_per_suite", "rl_val_per_suite", "rl_choose",
+                "rl_test_per_suite", "rl_test_samples")  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
 
 # %% ../nbs/10_rl.ipynb #0e2dd70e
 CUT_ENDS = frozenset({"max_new_tokens", "max_turns", "max_tool_calls", "context", "unclosed"})  # a limit ended the episode
@@ -561,3 +562,107 @@ def cli_rl(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in figures.items() if k != "identity"}, indent=1))
         print(f"wrote {out / 'model'}" + (" (already finished)" if figures.get("already_finished") else ""))
     return 0
+
+# %% ../nbs/10_rl.ipynb #bb66d9f7
+def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, steps: int = 3, groups: int = 4,
+             generations: int = 8, out: Path | str | None = None) -> dict:
+    "Seconds per RL step and its shares; the engine's tokens/s inside RL and alone; our rollout against TRL's generation path (one turn, no tools)."
+    import tempfile
+    import datasets
+    import torch
+    from trl import GRPOConfig
+    from afm.engine import TransformersEngine
+    out = Path(out or tempfile.mkdtemp())
+    args = RLArgs(max_steps=steps, num_generations=generations, groups_per_step=groups, dynamic_sampling=False, report_to="none", save_steps=10 ** 6)
+    fn = AgenticRollout(tasks, box, config, args)
+    trainer = rl_trainer(model, tokenizer, fn, args, out / "steps", progress=False)
+    trainer.train()
+    h = read_health(out / "steps")
+    step_s = sum(r["step_time"] for r in h) / len(h)
+    share = lambda k: round(sum(r[k] for r in h) / len(h) / step_s, 3)
+    rl_tokens_s = sum(r["episodes/sampled_tokens"] * groups * generations for r in h) / sum(r["time/rollout_s"] for r in h)
+    ids = fn.pool[:groups]
+    t0 = time.perf_counter()
+    alone = rollout(TransformersEngine(model, tokenizer, max_batch=args.max_batch), [fn.tasks[t] for t in ids for _ in range(generations)], box,
+                    replace(config, seed=fn.seed(0, 0)))
+    alone_tokens_s = sum(e.sampled_tokens for e in alone) / (time.perf_counter() - t0)
+    # one turn, no tools, the same prompt ids and budget: our engine (what rollout_func runs each turn, here without stop
+    # strings) and TRL's own path both stop at the end-of-sequence token or the budget
+    from afm.engine import Request, SamplingParams
+    prompts = [e.prompt_ids for e in alone]
+    t0 = time.perf_counter()
+    ours = TransformersEngine(model, tokenizer, max_batch=args.max_batch).generate(
+        [Request(p, SamplingParams(max_tokens=config.max_tokens_per_turn, temperature=config.temperature, top_p=config.top_p, seed=i))
+         for i, p in enumerate(prompts)])
+    ours_s = time.perf_counter() - t0
+    lib = GRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], processing_class=tokenizer,
+                      train_dataset=datasets.Dataset.from_dict({"prompt": ["x"] * groups}),
+                      args=GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=generations, num_generations=generations,
+                                      max_completion_length=config.max_tokens_per_turn, temperature=config.temperature, top_p=config.top_p,
+                                      report_to=[], use_cpu=True, gradient_checkpointing=False, disable_tqdm=True))
+    t0 = time.perf_counter()
+    with torch.no_grad(): lib_ids = lib._generate_single_turn(prompts, None, {}, generations)[0]
+    lib_s = time.perf_counter() - t0
+    ours_tokens, lib_tokens = sum(len(g.ids) for g in ours), sum(len(x) for x in lib_ids)
+    return {"episodes_per_step": groups * generations, "steps": steps, "seconds_per_step": round(step_s, 3),
+            "share_rollout": share("time/rollout_s"), "share_tool_wait": share("time/tool_wait_s"), "share_reward": share("time/reward_s"),
+            "share_training": share("time/training_s"), "rl_tokens_per_s": round(rl_tokens_s), "alone_tokens_per_s": round(alone_tokens_s),
+            "in_rl_vs_alone": round(rl_tokens_s / alone_tokens_s, 3), "single_turn_episodes": len(prompts),
+            "ours_tokens": ours_tokens, "trl_tokens": lib_tokens, "ours_tokens_per_s": round(ours_tokens / ours_s),
+            "trl_tokens_per_s": round(lib_tokens / lib_s), "ours_vs_trl_tokens_per_s": round((ours_tokens / ours_s) / (lib_tokens / lib_s), 2)}
+
+
+def cli_bench(argv: list[str] | None = None) -> int:
+    "`afm bench rl`: an RL step's seconds and shares, the engine inside RL and alone, our rollout against TRL's generation path."
+    import argparse
+    from afm.fit import TINY_SYSTEM, tool_calling_tiny
+    from afm.rollout import rollout_config
+    from afm.world import tool_sizes, world_toolbox
+    p = argparse.ArgumentParser(prog="afm bench rl", description=cli_bench.__doc__)
+    p.add_argument("--model", default=None, help="a model folder (default: the small tool-calling model)")
+    p.add_argument("--profile", default="tiny", help="the profile whose rollout limits and tool sizes apply (default: tiny)")
+    p.add_argument("--steps", type=int, default=3, help="RL steps measured (default 3)")
+    p.add_argument("--groups", type=int, default=4, help="tasks per step (default 4)")
+    p.add_argument("--generations", type=int, default=8, help="episodes per task (default 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    a = p.parse_args(argv)
+    if min(a.steps, a.groups) < 1 or a.generations < 2: p.error("--steps and --groups must be at least 1, --generations at least 2")
+    if a.model:
+        from afm.models import load
+        (model, tok), system = load(a.model), None
+    else: (model, tok), system = tool_calling_tiny(), TINY_SYSTEM
+    cfg = rollout_config(a.profile, system=system, temperature=1.0, top_p=1.0)
+    res = bench_rl(model, tok, rl_tasks(["world-atomic"], max(a.groups, 8)), world_toolbox(tool_sizes(a.profile)), cfg, a.steps, a.groups, a.generations)
+    print(json.dumps(res) if a.json else "\n".join(f"{k:>26}: {v}" for k, v in res.items()))
+    return 0
+
+# %% ../nbs/10_rl.ipynb #4ceab998
+def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
+    """What validation chooses among for the RL run in folder `run`: its final model (`final`) and `n - 1` full-model
+    checkpoints spread over the run's second half (`step-<k>`); a LoRA run's only candidate is its merged final model."""
+    run = Path(run)
+    if not (run / "rl.json").is_file(): raise FileNotFoundError(f"{run}: no finished RL run (no rl.json)")
+    last = json.loads((run / "rl.json").read_text())["steps"]
+    steps = sorted(int(p.name.removeprefix("checkpoint-")) for p in (run / "checkpoints").glob("checkpoint-*")
+                   if p.name.removeprefix("checkpoint-").isdigit() and (p / "model.safetensors").is_file())
+    earlier = [s for s in steps if last / 2 <= s < last]
+    picks = sorted({earlier[i * len(earlier) // (n - 1)] for i in range(n - 1)}) if earlier and n > 1 else []
+    return {**{f"step-{s}": run / "checkpoints" / f"checkpoint-{s}" for s in picks}, "final": run / "model"}
+
+# %% ../nbs/10_rl.ipynb #08f6c050
+TOOL_ROLES = ("web_search", "wiki_search", "crawl_page", "code")
+VERIFY_ROLES = ("reflection", "double_check")
+
+
+def behaviour(records: Sequence[dict]) -> dict[str, float]:
+    "What the episodes of `records` did, averaged: tool calls, searching again, reflecting or verifying, answering, sampled tokens, success."
+    n = max(1, len(records))
+    roles = [[s.get("role") for s in ((r.get("trajectory") or {}).get("steps") or [])] for r in records]
+    searches = [sum(x in ("web_search", "wiki_search") for x in rs) for rs in roles]
+    return {"episodes": len(records), "success": round(sum(r["reward"] for r in records) / n, 4),
+            "tool_calls": round(sum(r["tool_calls"] for r in records) / n, 3),
+            "searched_again": round(sum(k >= 2 for k in searches) / n, 4),
+            "verified": round(sum(any(x in VERIFY_ROLES for x in rs) for rs in roles) / n, 4),
+            "answered": round(sum(r["answer"] is not None for r in records) / n, 4),
+            "format_failures": round(sum(r["format_failure"] for r in records) / n, 4),
+            "sampled_tokens": round(sum(r["sampled_tokens"] for r in records) / n, 1)}

@@ -5,6 +5,7 @@ import tomllib
 from pathlib import Path
 
 import nbdev_sync
+import pytest
 from afm.core import load_profiles
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,17 +100,24 @@ def test_every_pipeline_chapter_takes_its_parameters():
         assert "profile = " in source and "reports_dir = None" in source, f"{path.name}: its parameters cell must declare profile and reports_dir"
 
 
-def test_every_profile_sets_the_sft_schedule():
-    "The SFT chapter's parameters default to CI sizes (2 steps, a 2-step copy curriculum, one val question): a profile that left one out would run on it."
+@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09_sft", "sft_", "sft_demo_steps"), ("10_rl", "rl_", "rl_demo_steps")])
+def test_every_profile_sets_the_chapter_schedule(notebook, prefix, same_everywhere):
+    "The SFT and RL chapters' parameters default to CI sizes (2 steps, one val question): a profile that left one out would run on it."
     import ast
-    cells = json.loads((REPO / "nbs" / "09_sft.ipynb").read_text())["cells"]
+    cells = json.loads((REPO / "nbs" / f"{notebook}.ipynb").read_text())["cells"]
     source = "".join(next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))["source"])
-    schedule = [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets if t.id.startswith("sft_") and t.id != "sft_demo_steps"]  # the demonstration run is the same everywhere
-    assert {"sft_max_steps", "sft_copy_steps"} <= set(schedule)
+    schedule = [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets
+                if t.id.startswith(prefix) and t.id != same_everywhere]  # the demonstration run is the same everywhere
+    assert len(schedule) >= 5
     for name, params in load_profiles(REPO / "settings.ini").items():
         missing = [k for k in schedule if k not in params]
         assert not missing, f"profile {name} leaves {missing} at the chapter's CI defaults"
+
+
+def test_tiny_study_is_tiny_with_the_studies():
     profiles = load_profiles(REPO / "settings.ini")
     assert profiles["tiny-study"]["sft_ablation"] and not profiles["tiny"]["sft_ablation"]  # make reproduce runs no ablation
-    assert {k: v for k, v in profiles["tiny-study"].items() if k not in ("description", "sft_ablation")} == \
-        {k: v for k, v in profiles["tiny"].items() if k not in ("description", "sft_ablation")}  # the study extends tiny
+    assert profiles["tiny-study"]["rl_seeds"] >= 3 > profiles["tiny"]["rl_seeds"]  # the seeds study
+    study = ("description", "sft_ablation", "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite", "rl_choose", "rl_test_per_suite")
+    assert {k: v for k, v in profiles["tiny-study"].items() if k not in study} == \
+        {k: v for k, v in profiles["tiny"].items() if k not in study}  # the study extends tiny
