@@ -117,7 +117,7 @@ def _bare_record(task: Task, ep: Episode, sample: int) -> dict:
     return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "answer": None, "reward": 0.0, "end": ep.end,
             "format_failure": True, "tool_calls": ep.tool_calls, "sampled_tokens": ep.sampled_tokens, "seconds": round(ep.seconds, 4)}
 
-# %% ../nbs/10_rl.ipynb #6d8ce832
+# %% ../nbs/10_rl.ipynb #49678a22
 def check_rollout(out: dict, rows: int, max_new_tokens: int, context: int) -> None:
     "Raise ValueError, naming the row, unless `out` has `rows` rows of equal-length ids, masks and log-probs within the budgets."
     for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
@@ -135,7 +135,7 @@ def coa_reward(completions=None, reward=None, **kwargs) -> list[float | None]:
     if reward is None: raise ValueError("coa_reward reads the `reward` the rollout returns: use it with AgenticRollout as rollout_func")
     return list(reward)
 
-# %% ../nbs/10_rl.ipynb #aca5ac03
+# %% ../nbs/10_rl.ipynb #6d48a5b6
 class AgenticRollout:
     """TRL's `rollout_func` over the CoA rollout loop: `num_generations` episodes a task with the real tools, graded
     strictly; dynamic sampling (`fill`) when the trainer is an `AgenticGRPOTrainer`."""
@@ -177,7 +177,7 @@ class AgenticRollout:
         "The rollout seed of one draw of one step."
         return turn_seed(self.args.seed, "rl", step, draw)
 
-# %% ../nbs/10_rl.ipynb #49678a22
+# %% ../nbs/10_rl.ipynb #38ff53e0
 def _episodes(self: AgenticRollout, task_ids: Sequence[str], n: int, trainer, seed: int) -> list[dict]:
     "`n` episodes of each task (samples 0…n−1, under `seed`) as rows: ids, masks, log-probs, reward and health."
     unknown = [t for t in task_ids if t not in self.tasks]
@@ -214,7 +214,7 @@ def _row(self: AgenticRollout, task: Task, ep: Episode, sample: int) -> dict:
 
 AgenticRollout._episodes, AgenticRollout._row = _episodes, _row
 
-# %% ../nbs/10_rl.ipynb #38ff53e0
+# %% ../nbs/10_rl.ipynb #28cd8b3b
 def has_signal(rewards: Sequence[float | None]) -> bool:
     "Whether a group can teach anything: at least two scorable rewards, not all exactly equal."
     scored = [r for r in rewards if r is not None]
@@ -258,7 +258,7 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
 
 AgenticRollout._draw, AgenticRollout.fill = _draw, fill
 
-# %% ../nbs/10_rl.ipynb #c455eb86
+# %% ../nbs/10_rl.ipynb #3f14dd71
 def _call(self: AgenticRollout, prompts: list, trainer) -> dict:
     "TRL's `rollout_func(prompts, trainer)`: the rows `fill` prepared for these prompts, or a fresh rollout of them."
     n = trainer.num_generations if trainer.model.training else (trainer.num_generations_eval or trainer.num_generations)
@@ -278,7 +278,7 @@ def _call(self: AgenticRollout, prompts: list, trainer) -> dict:
 
 AgenticRollout.__call__ = _call
 
-# %% ../nbs/10_rl.ipynb #3f14dd71
+# %% ../nbs/10_rl.ipynb #af158396
 def _log_health(trainer, rows: Sequence[dict], extra: dict[str, tuple[float, float]]) -> None:
     "Add the step's health (sums and counts, reduced over processes) to the trainer's metrics."
     import torch
@@ -300,7 +300,7 @@ def _log_health(trainer, rows: Sequence[dict], extra: dict[str, tuple[float, flo
         num, den = total[2 * i].item(), total[2 * i + 1].item()
         trainer._metrics["train" if trainer.model.training else "eval"][k].append(num / den if den else 0.0)
 
-# %% ../nbs/10_rl.ipynb #af158396
+# %% ../nbs/10_rl.ipynb #d5db64eb
 class AgenticGRPOTrainer(GRPOTrainer):
     "TRL's GRPO with dynamic sampling from `AgenticRollout.fill` and the sampler/trainer log-prob gap in its metrics."
 
@@ -331,7 +331,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["logprob_gap/max"].append(stats[2].item())
         return out
 
-# %% ../nbs/10_rl.ipynb #d5db64eb
+# %% ../nbs/10_rl.ipynb #5bfad1a5
 HEALTH = ("step", "reward", "reward_std", "frac_reward_zero_std", "groups/drawn", "groups/zero_variance_share", "groups/without_signal_trained",
           "episodes/grade", "episodes/sampled_tokens", "episodes/tool_calls", "episodes/tool_failure_rate", "episodes/format_failure_rate",
           "episodes/cut_rate", "episodes/unscorable_rate", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
@@ -393,7 +393,7 @@ def read_health(path: Path | str) -> list[dict]:
     with (path / "health.csv" if path.is_dir() else path).open(newline="") as f:
         return [{k: float(v) if v not in ("", None) else None for k, v in r.items()} for r in csv.DictReader(f)]
 
-# %% ../nbs/10_rl.ipynb #5bfad1a5
+# %% ../nbs/10_rl.ipynb #ec1556a6
 def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: int = 1, quiet: bool = False, use_vllm: bool = False):
     "TRL's `GRPOConfig` for `args` on `world_size` processes (a ValueError naming the setting when the batch cannot be split into whole groups)."
     from trl import GRPOConfig
@@ -439,7 +439,7 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
     if quiet: trainer.remove_callback(PrinterCallback)
     return trainer
 
-# %% ../nbs/10_rl.ipynb #bb9659fa
+# %% ../nbs/10_rl.ipynb #01e43818
 def _identity(args: RLArgs, config: RolloutConfig, rollout_fn: AgenticRollout) -> dict:
     "What makes a run: its settings and its task set (hashed)."
     import hashlib
@@ -493,7 +493,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return round(sum(vals) / len(vals), 4) if vals else None
 
-# %% ../nbs/10_rl.ipynb #a4ba3478
+# %% ../nbs/10_rl.ipynb #7ca5f384
 def plot_health(run: Path | str, path: Path | str, title: str = "RL health") -> Path:
     "Six panels of a run's health log against the step, saved as a PNG."
     import matplotlib
@@ -517,7 +517,7 @@ def plot_health(run: Path | str, path: Path | str, title: str = "RL health") -> 
     fig.savefig(path, dpi=110); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/10_rl.ipynb #cb3c3cc3
+# %% ../nbs/10_rl.ipynb #bb66d9f7
 RL_SUITES = ("world-atomic", "world-depth", "world-width", "world-compute")  # the generated QA suites: tasks with tools and strict grades
 
 
@@ -563,7 +563,7 @@ def cli_rl(argv: list[str] | None = None) -> int:
         print(f"wrote {out / 'model'}" + (" (already finished)" if figures.get("already_finished") else ""))
     return 0
 
-# %% ../nbs/10_rl.ipynb #bb66d9f7
+# %% ../nbs/10_rl.ipynb #e85d1aa7
 def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, steps: int = 3, groups: int = 4,
              generations: int = 8, out: Path | str | None = None) -> dict:
     "Seconds per RL step and its shares; the engine's tokens/s inside RL and alone; our rollout against TRL's generation path (one turn, no tools)."
@@ -636,7 +636,7 @@ def cli_bench(argv: list[str] | None = None) -> int:
     print(json.dumps(res) if a.json else "\n".join(f"{k:>26}: {v}" for k, v in res.items()))
     return 0
 
-# %% ../nbs/10_rl.ipynb #4ceab998
+# %% ../nbs/10_rl.ipynb #a6c0c485
 def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
     """What validation chooses among for the RL run in folder `run`: its final model (`final`) and `n - 1` full-model
     checkpoints spread over the run's second half (`step-<k>`); a LoRA run's only candidate is its merged final model."""
@@ -649,7 +649,7 @@ def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
     picks = sorted({earlier[i * len(earlier) // (n - 1)] for i in range(n - 1)}) if earlier and n > 1 else []
     return {**{f"step-{s}": run / "checkpoints" / f"checkpoint-{s}" for s in picks}, "final": run / "model"}
 
-# %% ../nbs/10_rl.ipynb #08f6c050
+# %% ../nbs/10_rl.ipynb #da5aac0b
 TOOL_ROLES = ("web_search", "wiki_search", "crawl_page", "code")
 VERIFY_ROLES = ("reflection", "double_check")
 
