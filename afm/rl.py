@@ -61,6 +61,7 @@ class RLArgs:
     guard_tool_failures: float = field(default=0.5, metadata={"help": "stop when more than this share of a step's tool calls failed"})
     guard_format_failures: float = field(default=0.95, metadata={"help": "stop when more than this share of a step's episodes failed the format"})
     guard_logprob_gap: float = field(default=0.05, metadata={"help": "stop when the mean sampler/trainer log-prob gap on sampled tokens passes this"})
+    vllm: bool = field(default=False, metadata={"help": "generate through vLLM colocated with the policy (GPUs, the gpu extra); TRL syncs its weights each step and corrects for its log-probs"})
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast while training"})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory (large models)"})
     max_batch: int = field(default=64, metadata={"help": "episodes the in-process engine generates at once"})
@@ -154,19 +155,13 @@ class AgenticRollout:
         self._ready: tuple[list[str], list[dict]] | None = None  # what `fill` rolled out for the step, handed to TRL next
 
     def engine(self, trainer) -> Engine:
-        "The engine over the trainer's current weights: TRL's colocated vLLM when it runs one, else the policy itself in-process."
-        if getattr(trainer, "use_vllm", False):
-            gen = trainer.vllm_generation
-            if getattr(gen, "mode", None) == "colocate": target = ("vllm", id(gen.llm))
-            else: target = ("server", gen.base_url if hasattr(gen, "base_url") else None)
-        else: target = ("model", id(model := trainer.accelerator.unwrap_model(trainer.model)))
+        "The engine over the trainer's current weights: TRL's colocated vLLM when it runs one (`RLArgs.vllm`), else the policy itself in-process."
+        vllm = getattr(trainer, "use_vllm", False)
+        target = ("vllm", id(trainer.vllm_generation.llm)) if vllm else ("model", id(model := trainer.accelerator.unwrap_model(trainer.model)))
         if self._engine is None or self._engine[0] != target:
-            if target[0] == "vllm":
+            if vllm:
                 from afm.engine import VLLMEngine
-                engine = VLLMEngine(trainer.vllm_generation.llm)
-            elif target[0] == "server":
-                raise NotImplementedError("vLLM server mode: serve the policy with `trl vllm-serve` and point afm.serve.OpenAIEngine at it "
-                                          "(token ids); colocate mode runs here without a server")
+                engine = VLLMEngine(trainer.vllm_generation.llm)  # colocated: TRL loads the policy's weights into it before each call
             else:
                 from afm.engine import TransformersEngine
                 engine = TransformersEngine(model, trainer.processing_class, max_batch=self.args.max_batch)
@@ -394,10 +389,13 @@ def read_health(path: Path | str) -> list[dict]:
         return [{k: float(v) if v not in ("", None) else None for k, v in r.items()} for r in csv.DictReader(f)]
 
 # %% ../nbs/10_rl.ipynb #ec1556a6
-def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: int = 1, quiet: bool = False, use_vllm: bool = False):
+def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: int = 1, quiet: bool = False):
     "TRL's `GRPOConfig` for `args` on `world_size` processes (a ValueError naming the setting when the batch cannot be split into whole groups)."
+    import importlib.util
     from trl import GRPOConfig
     from afm.sft import _has_gpu
+    if args.vllm and not (_has_gpu() and importlib.util.find_spec("vllm")):
+        raise ValueError("rl_vllm = true needs vLLM on an NVIDIA GPU (pip install -e '.[gpu]' there); on CPU set rl_vllm = false")
     if args.groups_per_step % world_size:
         raise ValueError(f"rl_groups_per_step = {args.groups_per_step} must be a multiple of the {world_size} processes: each process holds whole groups")
     local = args.groups_per_step // world_size * args.num_generations
@@ -412,14 +410,14 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
         per_device_train_batch_size=micro, gradient_accumulation_steps=local // micro, steps_per_generation=local // micro,
         num_generations=args.num_generations, num_iterations=1, max_completion_length=config.max_new_tokens,
         temperature=config.temperature, top_p=config.top_p, loss_type="dapo", epsilon=args.epsilon, epsilon_high=args.epsilon_high,
-        beta=args.beta, scale_rewards=args.scale_rewards, mask_truncated_completions=False, use_vllm=use_vllm,
-        vllm_importance_sampling_correction=use_vllm, logging_steps=1, save_strategy="steps", save_steps=args.save_steps,
+        beta=args.beta, scale_rewards=args.scale_rewards, mask_truncated_completions=False, use_vllm=args.vllm,
+        **({"vllm_mode": "colocate"} if args.vllm else {}), vllm_importance_sampling_correction=args.vllm, logging_steps=1, save_strategy="steps", save_steps=args.save_steps,
         save_only_model=False, report_to=[] if args.report_to == "none" else [args.report_to], bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing, seed=args.seed, data_seed=args.seed, disable_tqdm=quiet,
         dataloader_num_workers=0, log_completions=False, use_cpu=not _has_gpu(), remove_unused_columns=False)
 
 
-def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: Path | str, progress: bool = True, use_vllm: bool = False):
+def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: Path | str, progress: bool = True):
     "An `AgenticGRPOTrainer` over the RL set of `rollout_fn` (one row per task, its id as the prompt), with the health log and the guard."
     import datasets
     from transformers import PrinterCallback
@@ -432,7 +430,7 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
         peft = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16; this chapter tests what it relies on
     data = datasets.Dataset.from_dict({"prompt": rollout_fn.pool})
-    trainer = AgenticGRPOTrainer(model=model, reward_funcs=[coa_reward], args=rl_config(args, out, rollout_fn.config, world, quiet, use_vllm),
+    trainer = AgenticGRPOTrainer(model=model, reward_funcs=[coa_reward], args=rl_config(args, out, rollout_fn.config, world, quiet),
                                train_dataset=data, processing_class=tokenizer, peft_config=peft, rollout_func=rollout_fn)
     trainer.add_callback(health := _health_callback(out, args))
     trainer.afm_health = health

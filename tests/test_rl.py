@@ -133,7 +133,7 @@ def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--num_generations", "1"], "num_generations"), (["--groups_per_step", "3", "--micro_batch", "5"], "rl_micro_batch"),
     (["--suites", "no-such-suite"], "no-such-suite"), (["--report_to", "nowhere"], "report_to"),
-    (["--format_weight", "0.5"], "format_weight")])
+    (["--format_weight", "0.5"], "format_weight"), (["--vllm", "true"], "rl_vllm")])
 def test_bad_settings_are_one_clear_line(setup, tmp_path, capsys, args, says):
     from afm.rl import cli_rl
     argv = _cmd(setup, tmp_path / "bad", "--max_steps", "1", *args)[2:]  # what follows `afm rl`, run in this process
