@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
+
+from fastcore.basics import patch
 
 from .core import check_fields
 from .engine import Engine
@@ -25,8 +26,8 @@ from trl import GRPOTrainer
 # %% auto #0
 __all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'TOOL_ROLES', 'VERIFY_ROLES',
            'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout',
-           'has_signal', 'fill', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer',
-           'train_rl', 'plot_health', 'rl_tasks', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
+           'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl',
+           'plot_health', 'rl_tasks', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -173,6 +174,7 @@ class AgenticRollout:
         return turn_seed(self.args.seed, "rl", step, draw)
 
 # %% ../nbs/10_rl.ipynb #38ff53e0
+@patch
 def _episodes(self: AgenticRollout, task_ids: Sequence[str], n: int, trainer, seed: int) -> list[dict]:
     "`n` episodes of each task (samples 0…n−1, under `seed`) as rows: ids, masks, log-probs, reward and health."
     unknown = [t for t in task_ids if t not in self.tasks]
@@ -193,6 +195,7 @@ def _episodes(self: AgenticRollout, task_ids: Sequence[str], n: int, trainer, se
     return rows
 
 
+@patch
 def _row(self: AgenticRollout, task: Task, ep: Episode, sample: int) -> dict:
     "One episode as TRL's row: cut and broken episodes masked from the loss; an empty completion becomes one masked end token."
     rec, reward, why = episode_reward(task, ep, sample, self.config, self.args.format_weight, self.args.overlong_buffer, self.judge, self.runner)
@@ -206,9 +209,6 @@ def _row(self: AgenticRollout, task: Task, ep: Episode, sample: int) -> dict:
             "tool_calls": ep.tool_calls, "tool_failures": ep.tool_failures, "sampled_tokens": ep.sampled_tokens,
             "tool_seconds": ep.tool_seconds, "answer": rec.get("answer")}
 
-
-AgenticRollout._episodes, AgenticRollout._row = _episodes, _row
-
 # %% ../nbs/10_rl.ipynb #28cd8b3b
 def has_signal(rewards: Sequence[float | None]) -> bool:
     "Whether a group can teach anything: at least two scorable rewards, not all exactly equal."
@@ -216,12 +216,14 @@ def has_signal(rewards: Sequence[float | None]) -> bool:
     return len(scored) >= 2 and len(set(scored)) > 1
 
 
+@patch
 def _draw(self: AgenticRollout, k: int, step: int, draw: int) -> list[str]:
     "`k` task ids from the RL set, seeded by the run's seed, the step and the draw."
     rng = random.Random(self.seed(step, draw))
     return rng.sample(self.pool, k) if k <= len(self.pool) else [rng.choice(self.pool) for _ in range(k)]
 
 
+@patch
 def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
     """DAPO's dynamic sampling over this process's rows (whole groups of `trainer.num_generations`): roll them out, keep
     the groups with signal, refill the rest from the RL set (`max_draws` extra draws at most). Returns the rows TRL trains
@@ -250,11 +252,9 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
                                  "groups/without_signal_trained": (want - len(kept[:want]), summed), "groups/extra_draws": (draw, 1)})
     return [{"prompt": tid} for tid, _ in chosen for _ in range(n)]
 
-
-AgenticRollout._draw, AgenticRollout.fill = _draw, fill
-
 # %% ../nbs/10_rl.ipynb #3f14dd71
-def _call(self: AgenticRollout, prompts: list, trainer) -> dict:
+@patch
+def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
     "TRL's `rollout_func(prompts, trainer)`: the rows `fill` prepared for these prompts, or a fresh rollout of them."
     n = trainer.num_generations if trainer.model.training else (trainer.num_generations_eval or trainer.num_generations)
     if self._ready is not None and self._ready[0] == list(prompts): rows, self._ready = self._ready[1], None
@@ -269,9 +269,6 @@ def _call(self: AgenticRollout, prompts: list, trainer) -> dict:
     out = {k: [r[k] for r in rows] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
     check_rollout(out, len(prompts), self.config.max_new_tokens, self._engine[1].context)
     return out
-
-
-AgenticRollout.__call__ = _call
 
 # %% ../nbs/10_rl.ipynb #af158396
 def _log_health(trainer, rows: Sequence[dict], extra: dict[str, tuple[float, float]]) -> None:
@@ -636,16 +633,9 @@ def cli_bench(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/10_rl.ipynb #a6c0c485
 def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
-    """What validation chooses among for the RL run in folder `run`: its final model (`final`) and `n - 1` full-model
-    checkpoints spread over the run's second half (`step-<k>`); a LoRA run's only candidate is its merged final model."""
-    run = Path(run)
-    if not (run / "rl.json").is_file(): raise FileNotFoundError(f"{run}: no finished RL run (no rl.json)")
-    last = json.loads((run / "rl.json").read_text())["steps"]
-    steps = sorted(int(p.name.removeprefix("checkpoint-")) for p in (run / "checkpoints").glob("checkpoint-*")
-                   if p.name.removeprefix("checkpoint-").isdigit() and (p / "model.safetensors").is_file())
-    earlier = [s for s in steps if last / 2 <= s < last]
-    picks = sorted({earlier[i * len(earlier) // (n - 1)] for i in range(n - 1)}) if earlier and n > 1 else []
-    return {**{f"step-{s}": run / "checkpoints" / f"checkpoint-{s}" for s in picks}, "final": run / "model"}
+    "What validation chooses among for the RL run in folder `run`: its final model and `n - 1` checkpoints of its second half (`afm.sft.sft_candidates`)."
+    from afm.sft import sft_candidates
+    return sft_candidates(run, n, summary="rl.json")
 
 # %% ../nbs/10_rl.ipynb #da5aac0b
 TOOL_ROLES = ("web_search", "wiki_search", "crawl_page", "code")

@@ -559,13 +559,14 @@ def copy_probe(model, rows, max_rows: int = 64) -> dict:
     return {"copy_loss": mean[0], "other_loss": mean[1], "copy_tokens": counts[0], "other_tokens": counts[1]}
 
 # %% ../nbs/09_sft.ipynb #e73a8c14
-def sft_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
-    """What validation chooses among for the SFT stage in folder `run`: its final model (`final`: the best validation loss
-    under early stopping, else the last step) and `n - 1` full-model checkpoints spread over the run's second half
-    (`step-<k>`). A LoRA run keeps adapters in its checkpoints: only its merged final model is a candidate."""
+def sft_candidates(run: Path | str, n: int = 3, summary: str = "sft.json") -> dict[str, Path]:
+    """What validation chooses among for the training run in folder `run` (an SFT stage; RL's runs too, whose `summary`
+    is `rl.json`): its final model (`final`: the best validation loss under early stopping, else the last step) and
+    `n - 1` full-model checkpoints spread over the run's second half (`step-<k>`). A LoRA run keeps adapters in its
+    checkpoints: only its merged final model is a candidate."""
     run = Path(run)
-    if not (run / "model").is_dir(): raise FileNotFoundError(f"{run}: no finished SFT stage (no model folder)")
-    last = json.loads((run / "sft.json").read_text())["steps"]
+    if not (run / "model").is_dir() or not (run / summary).is_file(): raise FileNotFoundError(f"{run}: no finished run (no model folder or {summary})")
+    last = json.loads((run / summary).read_text())["steps"]
     steps = sorted(int(p.name.removeprefix("checkpoint-")) for p in (run / "checkpoints").glob("checkpoint-*")
                    if p.name.removeprefix("checkpoint-").isdigit() and (p / "model.safetensors").is_file())
     earlier = [s for s in steps if last / 2 <= s < last]
