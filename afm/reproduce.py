@@ -44,7 +44,7 @@ def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) 
 
 # %% ../nbs/12_reproduce.ipynb #7e87bb8f
 PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
-                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"))  # prefix, module, config
+                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"))  # prefix, module, config
 SHARED_KEYS = ("description", "model", "engine", "seed")  # read by several stages and commands; no chapter declares them
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
 
