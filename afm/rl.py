@@ -169,9 +169,9 @@ class AgenticRollout:
             self._engine = (target, engine)
         return self._engine[1]
 
-    def seed(self, step: int, draw: int) -> int:
-        "The rollout seed of one draw of one step."
-        return turn_seed(self.args.seed, "rl", step, draw)
+    def seed(self, step: int, draw: int, rank: int = 0) -> int:
+        "The rollout seed of one draw of one step on process `rank` (processes draw different refills and sample them differently)."
+        return turn_seed(self.args.seed, f"rl/{rank}", step, draw)
 
 # %% ../nbs/10_rl.ipynb #38ff53e0
 @patch
@@ -217,9 +217,9 @@ def has_signal(rewards: Sequence[float | None]) -> bool:
 
 
 @patch
-def _draw(self: AgenticRollout, k: int, step: int, draw: int) -> list[str]:
-    "`k` task ids from the RL set, seeded by the run's seed, the step and the draw."
-    rng = random.Random(self.seed(step, draw))
+def _draw(self: AgenticRollout, k: int, step: int, draw: int, rank: int = 0) -> list[str]:
+    "`k` task ids from the RL set, seeded by the run's seed, the step, the draw and the process."
+    rng = random.Random(self.seed(step, draw, rank))
     return rng.sample(self.pool, k) if k <= len(self.pool) else [rng.choice(self.pool) for _ in range(k)]
 
 
@@ -233,10 +233,10 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
     if len(ids) % n or any(len(set(g)) != 1 for g in groups):
         raise ValueError(f"dynamic sampling needs whole groups of {n} episodes on each process; got prompts {ids[:2 * n]}…: "
                          "make groups_per_step a multiple of the number of processes")
-    step, want = trainer.state.global_step, len(groups)
+    step, want, rank = trainer.state.global_step, len(groups), trainer.accelerator.process_index
     todo, kept, spare, drawn, every, draw = [g[0] for g in groups], [], [], 0, [], 0
     while True:
-        eps = self._episodes(todo, n, trainer, self.seed(step, draw))
+        eps = self._episodes(todo, n, trainer, self.seed(step, draw, rank))
         every += eps
         for j, tid in enumerate(todo):
             group = eps[j * n:(j + 1) * n]
@@ -244,7 +244,7 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
         drawn += len(todo)
         if len(kept) >= want or draw >= self.args.max_draws: break
         draw += 1
-        todo = self._draw(want - len(kept), step, draw)
+        todo = self._draw(want - len(kept), step, draw, rank)
     chosen = kept[:want] + spare[:want - len(kept[:want])]
     self._ready = ([tid for tid, g in chosen for _ in g], [e for _, g in chosen for e in g])
     summed = 1 / trainer.accelerator.num_processes  # a count of 1/n on each of n processes: the figure is the sum over them, not the mean
@@ -263,7 +263,7 @@ def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
         firsts = list(prompts[::n])
         if len(prompts) % n or [p for p in firsts for _ in range(n)] != list(prompts):
             raise ValueError(f"rollout_func expects each prompt repeated num_generations = {n} times in a row; got {list(prompts)[:2 * n]}…")
-        rows = self._episodes(firsts, n, trainer, self.seed(trainer.state.global_step, 0))
+        rows = self._episodes(firsts, n, trainer, self.seed(trainer.state.global_step, 0, trainer.accelerator.process_index))
         _log_health(trainer, rows, {"groups/drawn": (len(firsts), 1 / trainer.accelerator.num_processes),
                                     "groups/zero_variance_share": (sum(not has_signal([e["reward"] for e in rows[i:i + n]]) for i in range(0, len(rows), n)), len(firsts))})
     out = {k: [r[k] for r in rows] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
