@@ -509,6 +509,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                         'afm.rl._bare_record': ('rl.html#_bare_record', 'afm/rl.py'),
                         'afm.rl._health_callback': ('rl.html#_health_callback', 'afm/rl.py'),
                         'afm.rl._identity': ('rl.html#_identity', 'afm/rl.py'),
+                        'afm.rl._identity_gap': ('rl.html#_identity_gap', 'afm/rl.py'),
                         'afm.rl._log_health': ('rl.html#_log_health', 'afm/rl.py'),
                         'afm.rl._mean': ('rl.html#_mean', 'afm/rl.py'),
                         'afm.rl._write_health': ('rl.html#_write_health', 'afm/rl.py'),

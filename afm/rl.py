@@ -458,9 +458,11 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     identity = _identity(args, config, rollout_fn)
     done = out / "rl.json"
     if done.is_file() and (prev := json.loads(done.read_text())).get("identity") == identity: return prev | {"already_finished": True}
+    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    if last and (gap := _identity_gap(out, identity)):  # never resume another run's weights
+        raise ValueError(f"{out} holds checkpoints of another run ({gap}); use another folder (--out) or delete that one")
     if model is None: model, tokenizer = load(args.model)
     trainer = rl_trainer(model, tokenizer, rollout_fn, args, out, progress)
-    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(identity, indent=2))
     t0 = time.perf_counter()
@@ -481,6 +483,16 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
         done.write_text(json.dumps(figures, indent=2))
     acc.wait_for_everyone()
     return figures
+
+
+def _identity_gap(out: Path, identity: dict) -> str | None:
+    "What differs between the run recorded in `out/args.json` and `identity`, in a few words; None when they agree."
+    there = json.loads((out / "args.json").read_text()) if (out / "args.json").is_file() else None
+    if there is None: return "no args.json says which"
+    differ = [f"rl_{k}" for k in identity["args"] if there.get("args", {}).get(k) != identity["args"][k]]
+    differ += [f"rollout_{k}" for k in identity["rollout"] if there.get("rollout", {}).get(k) != identity["rollout"][k]]
+    differ += ["the task set"] * (there.get("tasks_sha256") != identity["tasks_sha256"])
+    return f"{', '.join(differ)} differ" if differ else None
 
 
 def _mean(rows: list[dict], key: str) -> float | None:

@@ -80,6 +80,9 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     start = _weights(setup / "model")
     assert any((wb[n] - start[n]).abs().max() > 1e-6 for n in wb)  # RL moved the weights
     assert all((wa[n] - wb[n]).abs().max() < 1e-4 for n in wa)  # and the resumed run moved them the same way
+    # another run in the same folder is refused, never resumed from these checkpoints
+    assert cli_rl(_cmd(setup, out, "--max_steps", "6", "--learning_rate", "0.002")[2:]) == 1
+    assert json.loads((out / "rl.json").read_text())["steps"] == 4
 
 
 def test_two_processes_end_with_the_same_weights(setup):
