@@ -547,9 +547,9 @@ def cli_rl(argv: list[str] | None = None) -> int:
         "--system": {"help": "the system prompt (default: the SFT rows' prompt of each task's kind)"},
         "--out": {"help": "the run folder (default: <repo>/data/rl/<profile>)"}})
     try:
-        _, prof, where = stage_profile(pre, argv)
+        known, prof, where = stage_profile(pre, argv)
         defaults = asdict(rl_args(prof, where))
-        sft_model = data_dir("sft", pre.parse_known_args(argv)[0].profile) / "sft" / "model"
+        sft_model = data_dir("sft", known.profile) / "sft" / "model"
         if "rl_model" not in prof and (sft_model / "config.json").is_file(): defaults["model"] = str(sft_model)
         args, a = parse_configs(p, argv, RLArgs, defaults=defaults)
         suites = [s.strip() for s in a.suites.split(",")] if a.suites else list(prof.get("rl_suites", RL_SUITES))
