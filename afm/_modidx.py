@@ -477,6 +477,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'afm.reproduce.chapter_parameters': ('reproduce.html#chapter_parameters', 'afm/reproduce.py'),
                                'afm.reproduce.check_profile': ('reproduce.html#check_profile', 'afm/reproduce.py'),
                                'afm.reproduce.cli_run': ('reproduce.html#cli_run', 'afm/reproduce.py'),
+                               'afm.reproduce.default_reports': ('reproduce.html#default_reports', 'afm/reproduce.py'),
                                'afm.reproduce.git_commit': ('reproduce.html#git_commit', 'afm/reproduce.py'),
                                'afm.reproduce.library_sha256': ('reproduce.html#library_sha256', 'afm/reproduce.py'),
                                'afm.reproduce.machine': ('reproduce.html#machine', 'afm/reproduce.py'),

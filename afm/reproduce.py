@@ -26,7 +26,7 @@ from .core import CHAPTERS, Chapter, check_keys, load_profile, load_profiles, re
 # %% auto #0
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'INJECTED', 'PACKAGES', 'QUIET_KERNEL', 'pipeline_chapters', 'select_chapters',
            'profile_keys', 'check_profile', 'versions', 'machine', 'library_sha256', 'git_commit', 'chapter_parameters',
-           'run_chapter', 'run', 'provenance', 'write_reports', 'cli_run']
+           'run_chapter', 'default_reports', 'run', 'provenance', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -156,6 +156,11 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
     return json.loads(fig_path.read_text())
 
 # %% ../nbs/12_reproduce.ipynb #3373f9dc
+def default_reports(profile: str, root: Path | str | None = None) -> Path:
+    "Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs), `reports/<profile>/` for any other."
+    return repo_root(root) / "reports" / ("" if profile == "tiny" else profile)
+
+
 def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None, resume: bool = True,
         settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
         table: Sequence[Chapter] = CHAPTERS) -> dict[str, Any]:
@@ -166,17 +171,12 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     settings = settings_path(settings, root).resolve()
     params = load_profile(profile, settings)
     check_profile(params, root / "nbs", f"{settings} [{profile}]", table)  # before anything runs
-    reports = Path(reports or root / "reports" / ("" if profile == "tiny" else profile)).resolve()
+    reports = Path(reports or default_reports(profile, root)).resolve()
     nbs = pipeline_chapters(root / "nbs", table)
     if chapters: nbs = select_chapters(chapters, nbs)
     metrics_path = reports / "metrics.json"
-    old = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
     record: dict[str, Any] = {"profile": profile, "parameters": params, "versions": versions(), "machine": machine(),
                               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seconds": {}}
-    if old.get("profile") == profile:  # keep chapters this run does not touch
-        keys = {c.key for c in table if c.pipeline}
-        record["seconds"] = {k: v for k, v in old.get("seconds", {}).items() if k in keys}
-        record.update({k: v for k, v in old.items() if k in keys})
     failure, record["failed"], record["not_run"], upstream_ran, commit = None, {}, [], False, git_commit(root)
     for ch, nb in (bar := progress_bar(nbs, desc=f"profile {profile}", unit="chapter")):
         if failure:  # after a failure nothing runs, and no figure of a later chapter is presented as current
@@ -200,6 +200,11 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
         done.write_text(json.dumps({**stamp, "commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
+    old = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}  # read now: another run may have written since
+    if old.get("profile") == profile:  # keep the chapters this run did not touch
+        keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}
+        record.update({k: v for k, v in old.items() if k in keep})
+        record["seconds"] = {k: v for k, v in old.get("seconds", {}).items() if k in keep} | record["seconds"]
     write_reports(record, reports, table, root)
     if failure: raise failure
     return record
@@ -268,5 +273,5 @@ def cli_run(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:
         print(f"afm run: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 1
-    print(f"wrote {Path(a.reports or repo_root() / 'reports') / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.key in rec))
+    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.key in rec))
     return 0
