@@ -530,6 +530,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                         'afm.rl.rl_config': ('rl.html#rl_config', 'afm/rl.py'),
                         'afm.rl.rl_tasks': ('rl.html#rl_tasks', 'afm/rl.py'),
                         'afm.rl.rl_trainer': ('rl.html#rl_trainer', 'afm/rl.py'),
+                        'afm.rl.sft_start': ('rl.html#sft_start', 'afm/rl.py'),
                         'afm.rl.train_rl': ('rl.html#train_rl', 'afm/rl.py')},
             'afm.rollout': { 'afm.rollout.Episode': ('rollout.html#episode', 'afm/rollout.py'),
                              'afm.rollout.Episode.sampled_tokens': ('rollout.html#episode.sampled_tokens', 'afm/rollout.py'),

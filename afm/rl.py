@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 __all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'TOOL_ROLES', 'VERIFY_ROLES',
            'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout',
            'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl',
-           'plot_health', 'rl_tasks', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
+           'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -86,7 +86,7 @@ def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
 
 
 CHAPTER_KEYS = ("rl_demo_steps", "rl_seeds", "rl_study_steps", "rl_suites", "rl_tasks_per_suite", "rl_val_per_suite", "rl_choose",
-                "rl_test_per_suite", "rl_test_samples")  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
+                "rl_test_per_suite", "rl_test_samples", "rl_sft_from")  # `rl_*` keys that are this chapter's parameters, not RLArgs fields
 
 # %% ../nbs/10_rl.ipynb #0e2dd70e
 CUT_ENDS = frozenset({"max_new_tokens", "max_turns", "max_tool_calls", "context", "unclosed"})  # a limit ended the episode
@@ -534,6 +534,16 @@ def rl_tasks(suites: Sequence[str] = RL_SUITES, per_suite: int = 100, scale: flo
     return suite_tasks(per_suite, "rl", suites, scale, seed)
 
 
+def sft_start(profile: str, prof: dict) -> Path:
+    """The model RL starts from for `profile` (its settings `prof`): the one the SFT chapter chose on `val` for the profile
+    `rl_sft_from` names (default: `profile` itself), else that profile's final SFT model."""
+    from afm.core import data_dir
+    run = data_dir("sft", prof.get("rl_sft_from") or profile)
+    if (summary := run / "summary.json").is_file(): return Path(json.loads(summary.read_text())["chosen_model"])
+    if (run / "sft" / "model" / "config.json").is_file(): return run / "sft" / "model"
+    raise FileNotFoundError(f"no SFT model in {run}: run `afm run --profile {prof.get('rl_sft_from') or profile} --chapters 09_sft` first")
+
+
 def cli_rl(argv: list[str] | None = None) -> int:
     "`afm rl`: agentic RL from the profile's SFT model on the rl split of its suites, with the real tools; resumes an interrupted run."
     import sys
@@ -545,19 +555,18 @@ def cli_rl(argv: list[str] | None = None) -> int:
         "--suites": {"help": "suites whose rl split trains, comma-separated (default: the profile's rl_suites, else the world QA suites)"},
         "--tasks_per_suite": {"type": int, "help": "rl-split tasks per suite (default: the profile's rl_tasks_per_suite, else 100)"},
         "--system": {"help": "the system prompt (default: the SFT rows' prompt of each task's kind)"},
-        "--out": {"help": "the run folder (default: <repo>/data/rl/<profile>)"}})
+        "--out": {"help": "the run folder (default: <repo>/data/rl/<profile>/seed<seed>, the chapter's)"}})
     try:
         known, prof, where = stage_profile(pre, argv)
         defaults = asdict(rl_args(prof, where))
-        sft_model = data_dir("sft", known.profile) / "sft" / "model"
-        if "rl_model" not in prof and (sft_model / "config.json").is_file(): defaults["model"] = str(sft_model)
+        if "rl_model" not in prof and not any(x.split("=")[0] == "--model" for x in (argv or sys.argv[1:])): defaults["model"] = str(sft_start(known.profile, prof))
         args, a = parse_configs(p, argv, RLArgs, defaults=defaults)
         suites = [s.strip() for s in a.suites.split(",")] if a.suites else list(prof.get("rl_suites", RL_SUITES))
         per = a.tasks_per_suite or prof.get("rl_tasks_per_suite", 100)
         if per < 1: raise ValueError(f"--tasks_per_suite must be at least 1, got {per}")
         tasks = rl_tasks(suites, per, prof.get("world_scale", 1.0), prof.get("seed", 0))
         cfg = rollout_config(prof, where, **({"system": a.system} if a.system else {}))
-        out = Path(a.out) if a.out else data_dir("rl", a.profile)
+        out = Path(a.out) if a.out else data_dir("rl", a.profile) / f"seed{args.seed}"  # the chapter's run folder of that seed
         figures = train_rl(tasks, out, args, cfg, world_toolbox(tool_sizes(prof, where)), progress=True)
     except GuardStop as e:
         print(f"afm rl: {e}", file=sys.stderr)

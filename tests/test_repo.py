@@ -100,14 +100,15 @@ def test_every_pipeline_chapter_takes_its_parameters():
         assert "profile = " in source and "reports_dir = None" in source, f"{path.name}: its parameters cell must declare profile and reports_dir"
 
 
-@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09_sft", "sft_", "sft_demo_steps"), ("10_rl", "rl_", "rl_demo_steps")])
+@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09_sft", "sft_", ("sft_demo_steps",)),
+                                                                ("10_rl", "rl_", ("rl_demo_steps", "rl_sft_from"))])
 def test_every_profile_sets_the_chapter_schedule(notebook, prefix, same_everywhere):
     "The SFT and RL chapters' parameters default to CI sizes (2 steps, one val question): a profile that left one out would run on it."
     import ast
     cells = json.loads((REPO / "nbs" / f"{notebook}.ipynb").read_text())["cells"]
     source = "".join(next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))["source"])
     schedule = [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets
-                if t.id.startswith(prefix) and t.id != same_everywhere]  # the demonstration run is the same everywhere
+                if t.id.startswith(prefix) and t.id not in same_everywhere]  # the demonstration run is the same everywhere; a run starts from its own profile's SFT
     assert len(schedule) >= 5
     for name, params in load_profiles(REPO / "settings.ini").items():
         missing = [k for k in schedule if k not in params]
@@ -118,6 +119,7 @@ def test_tiny_study_is_tiny_with_the_studies():
     profiles = load_profiles(REPO / "settings.ini")
     assert profiles["tiny-study"]["sft_ablation"] and not profiles["tiny"]["sft_ablation"]  # make reproduce runs no ablation
     assert profiles["tiny-study"]["rl_seeds"] >= 3 > profiles["tiny"]["rl_seeds"]  # the seeds study
-    study = ("description", "sft_ablation", "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite", "rl_choose", "rl_test_per_suite")
+    study = ("description", "sft_ablation", "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite", "rl_choose", "rl_test_per_suite",
+             "rl_sft_from")
     assert {k: v for k, v in profiles["tiny-study"].items() if k not in study} == \
         {k: v for k, v in profiles["tiny"].items() if k not in study}  # the study extends tiny
