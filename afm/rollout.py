@@ -283,25 +283,32 @@ def drift(tokenizer, ep: Episode) -> int | None:
                 None if len(fresh) == len(ep.completion_ids) else min(len(fresh), len(ep.completion_ids)))
 
 # %% ../nbs/08_rollout.ipynb #b876318b
-def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig) -> dict:
-    "Episodes/s and sampled tokens/s of rollouts batched (16), one at a time, and the library way; their ratios; the tool-wait share."
+def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, rounds: int = 2) -> dict:
+    """Episodes/s and sampled tokens/s of rollouts batched (16), one at a time, and the library way; their ratios; the
+    tool-wait share. The arms take turns `rounds` times, in alternating order (batched, one at a time, library; then the
+    reverse), and each arm's figures count all its rounds: a load that changes during the benchmark weighs on every arm
+    alike."""
     from afm.engine import GenerateEngine, TransformersEngine
-    def run(engine, one_at_a_time=False):
-        stats, t0 = {}, time.perf_counter()
-        eps = [e for t in tasks for e in rollout(engine, [t], box, config)] if one_at_a_time else rollout(engine, tasks, box, config, stats=stats)
-        return eps, time.perf_counter() - t0, stats
-    batched, tb, stats = run(TransformersEngine(model, tokenizer, max_batch=16))
-    single, ts, _ = run(TransformersEngine(model, tokenizer, max_batch=1), one_at_a_time=True)
-    library, tl, _ = run(GenerateEngine(model, tokenizer, max_batch=16))
-    rate = lambda eps, s: sum(e.sampled_tokens for e in eps) / s
+    arms = {"batched": TransformersEngine(model, tokenizer, max_batch=16), "single": TransformersEngine(model, tokenizer, max_batch=1),
+            "library": GenerateEngine(model, tokenizer, max_batch=16)}
+    eps, secs, tokens, stats = {}, dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0), {}
+    for r in range(rounds):
+        for name in list(arms)[::1 if r % 2 == 0 else -1]:
+            t0 = time.perf_counter()
+            eps[name] = [e for t in tasks for e in rollout(arms[name], [t], box, config)] if name == "single" else \
+                rollout(arms[name], tasks, box, config, stats=stats if name == "batched" and r == 0 else None)
+            secs[name] += (time.perf_counter() - t0) / rounds  # seconds a round
+            tokens[name] += sum(e.sampled_tokens for e in eps[name]) / rounds  # the library way samples other episodes each round
+    (batched, single), (tb, ts, tl) = (eps["batched"], eps["single"]), secs.values()
+    rate = lambda arm: tokens[arm] / secs[arm]
     return {"episodes": len(tasks), "tool_calls": sum(e.tool_calls for e in batched),
             "same_episodes": round(sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single)) / max(1, len(tasks)), 3),
             "batched_episodes_per_s": round(len(tasks) / tb, 2), "one_at_a_time_episodes_per_s": round(len(tasks) / ts, 2),
-            "library_episodes_per_s": round(len(tasks) / tl, 2), "batched_tokens_per_s": round(rate(batched, tb)),
-            "one_at_a_time_tokens_per_s": round(rate(single, ts)), "library_tokens_per_s": round(rate(library, tl)),
-            "batched_speedup": round(ts / tb, 2), "batched_tokens_speedup": round(rate(batched, tb) / rate(single, ts), 2),
-            "vs_library": round(tl / tb, 2), "vs_library_tokens": round(rate(batched, tb) / rate(library, tl), 2),
-            "tool_wait_share": round(stats["tool_wait_s"] / stats["wall_s"], 3), "tool_seconds": round(stats["tool_s"], 3)}
+            "library_episodes_per_s": round(len(tasks) / tl, 2), "batched_tokens_per_s": round(rate("batched")),
+            "one_at_a_time_tokens_per_s": round(rate("single")), "library_tokens_per_s": round(rate("library")),
+            "batched_speedup": round(ts / tb, 2), "batched_tokens_speedup": round(rate("batched") / rate("single"), 2),
+            "vs_library": round(tl / tb, 2), "vs_library_tokens": round(rate("batched") / rate("library"), 2),
+            "tool_wait_share": round(stats["tool_wait_s"] / stats["wall_s"], 3), "tool_seconds": round(stats["tool_s"], 3), "rounds": rounds}
 
 # %% ../nbs/08_rollout.ipynb #385a58d3
 def cli_bench(argv: list[str] | None = None) -> int:
