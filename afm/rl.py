@@ -559,8 +559,9 @@ def cli_rl(argv: list[str] | None = None) -> int:
     try:
         known, prof, where = stage_profile(pre, argv)
         defaults = asdict(rl_args(prof, where))
-        if "rl_model" not in prof and not any(x.split("=")[0] == "--model" for x in (argv or sys.argv[1:])): defaults["model"] = str(sft_start(known.profile, prof))
+        if "rl_model" not in prof: defaults["model"] = ""  # the profile's SFT model, looked up after parsing: --help needs none
         args, a = parse_configs(p, argv, RLArgs, defaults=defaults)
+        if not args.model: args = replace(args, model=str(sft_start(known.profile, prof)))
         suites = [s.strip() for s in a.suites.split(",")] if a.suites else list(prof.get("rl_suites", RL_SUITES))
         per = a.tasks_per_suite or prof.get("rl_tasks_per_suite", 100)
         if per < 1: raise ValueError(f"--tasks_per_suite must be at least 1, got {per}")
