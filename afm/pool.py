@@ -343,7 +343,10 @@ class _Pool:
                 return True
             if time.monotonic() - box.launched < _START_S:
                 return True
-            raise TimeoutError(f"not ready within {_START_S} s")
+            log.warning("sandbox pool: a %s sandbox was not ready within %s s (a loaded machine); retrying in %s s",
+                        box.kind.isolation, _START_S, _RETRY_S)
+            self._drop(box)
+            return False
         except Exception:  # the thread must go on: runs start cold meanwhile
             log.exception("sandbox pool: a %s sandbox failed to start; retrying in %s s", box.kind.isolation, _RETRY_S)
             self._drop(box)
