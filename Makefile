@@ -48,7 +48,7 @@ sync: install
 test: install
 	OMP_NUM_THREADS=1 $(PY) tests/nbdev_sync.py
 	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
-	OMP_NUM_THREADS=1 $(PY) -m pytest --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 reproduce: install
 	$(VENV)/bin/afm run --profile $(PROFILE)
