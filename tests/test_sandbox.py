@@ -50,11 +50,34 @@ def pool_held() -> tuple[set[int], set[str]]:
 
 
 def sandbox_processes() -> list[tuple[int, int, str]]:
-    """(pid, uid, name) of every live process of a sandbox uid, except the idle ones of the warm pool."""
+    """(pid, uid, name) of every live process of a sandbox uid, except the idle ones of the warm pool and those of a uid
+    another process leases now (another test worker's or an RL run's sandboxes): a leftover of this process's runs keeps a
+    uid whose lease this process has given back."""
     held = pool_held()[0]
+    others = leased_by_others()
     found = all_sandbox_processes()
     held |= pool_held()[0]  # a sandbox the pool launched during the scan
-    return [process for process in found if process[1] not in held]
+    return [process for process in found if process[1] not in held and process[1] not in others]
+
+
+def leased_by_others() -> set[int]:
+    """The sandbox uids whose lease (a flock on the uid's lock file) another process holds now, read from /proc/locks."""
+    lock_dir = Path(sandbox._lock_dir())
+    slots = {}
+    for path in lock_dir.iterdir():
+        try:
+            slots[path.stat().st_ino] = int(path.name)
+        except (OSError, ValueError):
+            continue
+    others = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[4] == str(os.getpid()):
+            continue  # a waiter ("->"), another kind of lock, or this process's own lease
+        slot = slots.get(int(fields[5].rsplit(":", 1)[-1]))
+        if slot is not None:
+            others.add(sandbox.UID_BASE + slot)
+    return others
 
 
 def all_sandbox_processes() -> list[tuple[int, int, str]]:
