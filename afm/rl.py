@@ -25,9 +25,10 @@ from trl import GRPOTrainer
 
 # %% auto #0
 __all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'TOOL_ROLES', 'VERIFY_ROLES',
-           'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout',
-           'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer', 'train_rl',
-           'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates', 'behaviour']
+           'FAILURE_MODES', 'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward',
+           'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer',
+           'train_rl', 'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates',
+           'behaviour', 'failure_mode', 'failure_modes']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -486,10 +487,12 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
 
 
 def _identity_gap(out: Path, identity: dict) -> str | None:
-    "What differs between the run recorded in `out/args.json` and `identity`, in a few words; None when they agree."
+    """What differs between the run recorded in `out/args.json` and `identity`, in a few words; None when they agree.
+    `max_steps` may differ: the learning rate is constant after warmup, so step k of a longer run is step k of a shorter
+    one, and a run may be extended or cut short from its checkpoints."""
     there = json.loads((out / "args.json").read_text()) if (out / "args.json").is_file() else None
     if there is None: return "no args.json says which"
-    differ = [f"rl_{k}" for k in identity["args"] if there.get("args", {}).get(k) != identity["args"][k]]
+    differ = [f"rl_{k}" for k in identity["args"] if k != "max_steps" and there.get("args", {}).get(k) != identity["args"][k]]
     differ += [f"rollout_{k}" for k in identity["rollout"] if there.get("rollout", {}).get(k) != identity["rollout"][k]]
     differ += ["the task set"] * (there.get("tasks_sha256") != identity["tasks_sha256"])
     return f"{', '.join(differ)} differ" if differ else None
@@ -665,14 +668,50 @@ VERIFY_ROLES = ("reflection", "double_check")
 
 
 def behaviour(records: Sequence[dict]) -> dict[str, float]:
-    "What the episodes of `records` did, averaged: tool calls, searching again, reflecting or verifying, answering, sampled tokens, success."
+    "What the episodes of `records` did, averaged: tool calls, searching again, repeating a query, reflecting or verifying, answering, sampled tokens, success."
     n = max(1, len(records))
-    roles = [[s.get("role") for s in ((r.get("trajectory") or {}).get("steps") or [])] for r in records]
-    searches = [sum(x in ("web_search", "wiki_search") for x in rs) for rs in roles]
+    steps = [(r.get("trajectory") or {}).get("steps") or [] for r in records]
+    roles = [[s.get("role") for s in ss] for ss in steps]
+    queries = [[s.get("text", "").strip().lower() for s in ss if s.get("role") in ("web_search", "wiki_search")] for ss in steps]
+    searches = [len(q) for q in queries]
     return {"episodes": len(records), "success": round(sum(r["reward"] for r in records) / n, 4),
             "tool_calls": round(sum(r["tool_calls"] for r in records) / n, 3),
             "searched_again": round(sum(k >= 2 for k in searches) / n, 4),
+            "repeated_query": round(sum(len(set(q)) < len(q) for q in queries) / n, 4),
             "verified": round(sum(any(x in VERIFY_ROLES for x in rs) for rs in roles) / n, 4),
             "answered": round(sum(r["answer"] is not None for r in records) / n, 4),
             "format_failures": round(sum(r["format_failure"] for r in records) / n, 4),
             "sampled_tokens": round(sum(r["sampled_tokens"] for r in records) / n, 1)}
+
+# %% ../nbs/10_rl.ipynb #78f67e52
+FAILURE_MODES = ("solved", "partial", "format", "evidence missing", "miscopied", "misread", "failed")
+
+
+def _found(value: str, texts: Sequence[str]) -> bool:  # both normalised: `value` a whole run of words in a text
+    return value != "" and any(f" {value} " in f" {t} " for t in texts)
+
+
+def failure_mode(record: dict, task: Task) -> str:
+    "Why `record`, an episode of `task`, did not score 1 (one of `FAILURE_MODES`), or `solved`."
+    from difflib import SequenceMatcher
+    from afm.grading import normalize_answer
+    if record["reward"] >= 1.0: return "solved"
+    if record["reward"] > 0.0: return "partial"
+    if record.get("format_failure") or record.get("answer") is None: return "format"
+    facts = [normalize_answer(s["value"]) for s in task.gold_path if s.get("op") == "read" and s.get("value")]
+    if not facts: return "failed"
+    seen = [normalize_answer(s.get("observation") or "") for s in ((record.get("trajectory") or {}).get("steps") or [])]
+    if not all(_found(f, seen) for f in facts): return "evidence missing"
+    answer = normalize_answer(record["answer"])
+    near = [*map(normalize_answer, task.answers), *facts]
+    return "miscopied" if any(answer != v and SequenceMatcher(None, answer, v).ratio() >= 0.8 for v in near) else "misread"
+
+
+def failure_modes(records: Sequence[dict], tasks: Sequence[Task]) -> dict[str, float]:
+    "The share of `records` in each of `FAILURE_MODES` (and how many episodes), their tasks looked up in `tasks` by id."
+    from collections import Counter
+    by_id = {t.id: t for t in tasks}
+    if missing := sorted({r["task_id"] for r in records} - set(by_id)):
+        raise ValueError(f"failure_modes: {len(missing)} record task(s) not among the tasks given, e.g. {missing[0]!r}")
+    counts = Counter(failure_mode(r, by_id[r["task_id"]]) for r in records)
+    return {"episodes": len(records), **{m: round(counts[m] / max(1, len(records)), 4) for m in FAILURE_MODES}}
