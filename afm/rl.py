@@ -346,9 +346,7 @@ def _health_callback(out: Path, args: RLArgs):
         def __init__(self): self.path, self.tripped = out / "health.csv", None
 
         def on_train_begin(self, targs, state, control, **kw):
-            if state.is_world_process_zero and self.path.is_file():  # a resumed run: keep the rows up to its checkpoint
-                with self.path.open(newline="") as f: rows = [r for r in csv.DictReader(f) if int(r["step"]) <= state.global_step]
-                _write_health(self.path, rows, "w")
+            if state.is_world_process_zero: _keep_health(self.path, state.global_step)  # a resumed run: the rows up to its checkpoint
 
         def on_save(self, targs, state, control, **kw):  # written last: the checkpoint is complete
             if state.is_world_process_zero:
@@ -369,6 +367,13 @@ def _health_callback(out: Path, args: RLArgs):
                     if state.is_world_process_zero: (out / "guard.json").write_text(json.dumps(self.tripped, indent=1))
             return control
     return Health()
+
+
+def _keep_health(path: Path, step: int) -> None:
+    "Drop the rows of the health log after `step` (those of steps a resumed run takes again)."
+    if not path.is_file(): return
+    with path.open(newline="") as f: rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+    _write_health(path, rows, "w")
 
 
 def _write_health(path: Path, rows: list[dict], mode: str) -> None:
@@ -448,8 +453,11 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
              toolbox: Toolbox | None = None, model=None, tokenizer=None, judge=None, runner=None, progress: bool = True) -> dict:
     """RL from `args.model` (or `model` and `tokenizer`, already loaded) on `tasks` into `out`, resuming from its newest
     checkpoint; the model (LoRA merged) in `out/model`, the figures in `out/rl.json`, the health log in `out/health.csv`.
-    A finished run with the same settings and tasks is not run again. Raises `GuardStop` when the guard stopped the run."""
-    from transformers.trainer_utils import get_last_checkpoint
+    A finished run with the same settings and tasks is not run again. `max_steps` may change between resumes (the
+    learning rate is constant after warm-up): a longer run goes on from the newest checkpoint, a shorter one from the
+    newest at or before its end, and a checkpoint at the end is the final model without another step. Raises
+    `GuardStop` when the guard stopped the run."""
+    from transformers.trainer_callback import TrainerState
     from afm.models import load, save_model
     from afm.sft import _digest
     args, out = args or RLArgs(), Path(out)
@@ -459,7 +467,7 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     identity = _identity(args, config, rollout_fn)
     done = out / "rl.json"
     if done.is_file() and (prev := json.loads(done.read_text())).get("identity") == identity: return prev | {"already_finished": True}
-    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    last = _resume_point(out, args.max_steps)
     if last and (gap := _identity_gap(out, identity)):  # never resume another run's weights
         raise ValueError(f"{out} holds checkpoints of another run ({gap}); use another folder (--out) or delete that one")
     if model is None: model, tokenizer = load(args.model)
@@ -467,7 +475,11 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(identity, indent=2))
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
+    if last and _step_of(last) == args.max_steps:  # nothing left to train (the Trainer would take one more step)
+        trainer._load_from_checkpoint(str(last))
+        trainer.state = TrainerState.load_from_json(str(last / "trainer_state.json"))
+        _keep_health(out / "health.csv", args.max_steps)
+    else: trainer.train(resume_from_checkpoint=str(last) if last else None)
     if trainer.afm_health.tripped: raise GuardStop(trainer.afm_health.tripped["message"])
     acc = trainer.accelerator
     final = acc.unwrap_model(trainer.model)
@@ -484,6 +496,16 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
         done.write_text(json.dumps(figures, indent=2))
     acc.wait_for_everyone()
     return figures
+
+
+def _step_of(checkpoint: Path) -> int: return int(checkpoint.name.removeprefix("checkpoint-"))
+
+
+def _resume_point(out: Path, max_steps: int) -> Path | None:
+    "The newest complete checkpoint of the run in `out` at or before `max_steps`, if any."
+    done = [p for p in (out / "checkpoints").glob("checkpoint-*")
+            if p.name.removeprefix("checkpoint-").isdigit() and (p / "trainer_state.json").is_file()]
+    return max((p for p in done if _step_of(p) <= max_steps), key=_step_of, default=None)
 
 
 def _identity_gap(out: Path, identity: dict) -> str | None:
@@ -541,10 +563,11 @@ def sft_start(profile: str, prof: dict) -> Path:
     """The model RL starts from for `profile` (its settings `prof`): the one the SFT chapter chose on `val` for the profile
     `rl_sft_from` names (default: `profile` itself), else that profile's final SFT model."""
     from afm.core import data_dir
-    run = data_dir("sft", prof.get("rl_sft_from") or profile)
+    source = prof.get("rl_sft_from") or profile
+    run = data_dir("sft", source)
     if (summary := run / "summary.json").is_file(): return Path(json.loads(summary.read_text())["chosen_model"])
     if (run / "sft" / "model" / "config.json").is_file(): return run / "sft" / "model"
-    raise FileNotFoundError(f"no SFT model in {run}: run `afm run --profile {prof.get('rl_sft_from') or profile} --chapters 09_sft` first")
+    raise FileNotFoundError(f"no SFT model in {run}: run `afm run --profile {source} --chapters 09_sft` first")
 
 
 def cli_rl(argv: list[str] | None = None) -> int:

@@ -85,6 +85,26 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     assert json.loads((out / "rl.json").read_text())["steps"] == 4
 
 
+def test_a_run_cut_short_or_extended_from_its_checkpoints(setup):
+    """max_steps may change between resumes (the learning rate is constant after warm-up): a shorter run ends on its
+    checkpoint without taking another step, a longer one goes on from the newest checkpoint."""
+    import shutil
+    from afm.rl import cli_rl, read_health
+    whole = setup / "whole"  # 4 steps, checkpoints at 2 and 4
+    if not (whole / "rl.json").is_file(): assert cli_rl(_cmd(setup, whole, "--max_steps", "4")[2:]) == 0
+    cut, longer = setup / "cut", setup / "longer"
+    shutil.copytree(whole, cut), shutil.copytree(whole, longer)
+    assert cli_rl(_cmd(setup, cut, "--max_steps", "2")[2:]) == 0
+    done = json.loads((cut / "rl.json").read_text())
+    assert done["steps"] == 2 and done["resumed_from"] == "checkpoint-2" and [r["step"] for r in read_health(cut)] == [1, 2]
+    final, at2, at4 = _weights(cut / "model"), _weights(cut / "checkpoints" / "checkpoint-2"), _weights(whole / "model")
+    assert all((final[n] - at2[n]).abs().max() == 0 for n in final)  # the checkpoint's weights, no step taken
+    assert any((final[n] - at4[n]).abs().max() > 0 for n in final)
+    assert cli_rl(_cmd(setup, longer, "--max_steps", "5")[2:]) == 0
+    done = json.loads((longer / "rl.json").read_text())
+    assert done["steps"] == 5 and done["resumed_from"] == "checkpoint-4" and [r["step"] for r in read_health(longer)] == [1, 2, 3, 4, 5]
+
+
 def test_two_processes_end_with_the_same_weights(setup):
     out = setup / "ddp"
     cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
