@@ -25,10 +25,10 @@ from trl import GRPOTrainer
 
 # %% auto #0
 __all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUARDS', 'RL_SUITES', 'TOOL_ROLES', 'VERIFY_ROLES',
-           'FAILURE_MODES', 'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward',
-           'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config', 'rl_trainer',
-           'train_rl', 'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench', 'rl_candidates',
-           'behaviour', 'failure_mode', 'failure_modes']
+           'NO_RESULTS', 'FAILURE_MODES', 'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout',
+           'coa_reward', 'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config',
+           'rl_trainer', 'train_rl', 'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench',
+           'rl_candidates', 'behaviour', 'failure_mode', 'failure_modes']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -688,19 +688,26 @@ def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
 # %% ../nbs/10_rl.ipynb #da5aac0b
 TOOL_ROLES = ("web_search", "wiki_search", "crawl_page", "code")
 VERIFY_ROLES = ("reflection", "double_check")
+NO_RESULTS = "No results found"  # how a search that found nothing begins (`afm.search`)
 
 
 def behaviour(records: Sequence[dict]) -> dict[str, float]:
-    "What the episodes of `records` did, averaged: tool calls, searching again, repeating a query, reflecting or verifying, answering, sampled tokens, success."
+    """What the episodes of `records` did, averaged: tool calls, searching again, repeating a query, a search that found
+    nothing and a different query after it, reflecting or verifying, answering, sampled tokens, success."""
     n = max(1, len(records))
     steps = [(r.get("trajectory") or {}).get("steps") or [] for r in records]
     roles = [[s.get("role") for s in ss] for ss in steps]
-    queries = [[s.get("text", "").strip().lower() for s in ss if s.get("role") in ("web_search", "wiki_search")] for ss in steps]
+    found = [[(s.get("text", "").strip().lower(), not (s.get("observation") or "").startswith(NO_RESULTS)) for s in ss
+              if s.get("role") in ("web_search", "wiki_search")] for ss in steps]
+    queries = [[q for q, _ in f] for f in found]
     searches = [len(q) for q in queries]
+    empty = [[i for i, (_, hit) in enumerate(f) if not hit] for f in found]
     return {"episodes": len(records), "success": round(sum(r["reward"] for r in records) / n, 4),
             "tool_calls": round(sum(r["tool_calls"] for r in records) / n, 3),
             "searched_again": round(sum(k >= 2 for k in searches) / n, 4),
             "repeated_query": round(sum(len(set(q)) < len(q) for q in queries) / n, 4),
+            "empty_search": round(sum(bool(e) for e in empty) / n, 4),
+            "reformulated": round(sum(any(i + 1 < len(q) and q[i + 1] != q[i] for i in e) for q, e in zip(queries, empty)) / n, 4),
             "verified": round(sum(any(x in VERIFY_ROLES for x in rs) for rs in roles) / n, 4),
             "answered": round(sum(r["answer"] is not None for r in records) / n, 4),
             "format_failures": round(sum(r["format_failure"] for r in records) / n, 4),
