@@ -530,6 +530,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                         'afm.rl.has_signal': ('rl.html#has_signal', 'afm/rl.py'),
                         'afm.rl.overlong_penalty': ('rl.html#overlong_penalty', 'afm/rl.py'),
                         'afm.rl.plot_health': ('rl.html#plot_health', 'afm/rl.py'),
+                        'afm.rl.pool_seeds': ('rl.html#pool_seeds', 'afm/rl.py'),
                         'afm.rl.read_health': ('rl.html#read_health', 'afm/rl.py'),
                         'afm.rl.rl_args': ('rl.html#rl_args', 'afm/rl.py'),
                         'afm.rl.rl_candidates': ('rl.html#rl_candidates', 'afm/rl.py'),

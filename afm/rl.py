@@ -28,7 +28,7 @@ __all__ = ['REPORTS', 'CHAPTER_KEYS', 'CUT_ENDS', 'BROKEN_ENDS', 'HEALTH', 'GUAR
            'NO_RESULTS', 'FAILURE_MODES', 'RLArgs', 'rl_args', 'overlong_penalty', 'episode_reward', 'check_rollout',
            'coa_reward', 'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer', 'GuardStop', 'read_health', 'rl_config',
            'rl_trainer', 'train_rl', 'plot_health', 'rl_tasks', 'sft_start', 'cli_rl', 'bench_rl', 'cli_bench',
-           'rl_candidates', 'behaviour', 'failure_mode', 'failure_modes']
+           'rl_candidates', 'pool_seeds', 'behaviour', 'failure_mode', 'failure_modes']
 
 # %% ../nbs/10_rl.ipynb #bd45f9b6
 REPORTS = ("tensorboard", "trackio", "wandb", "none")
@@ -684,6 +684,16 @@ def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
     "What validation chooses among for the RL run in folder `run`: its final model and `n - 1` checkpoints of its second half (`afm.sft.sft_candidates`)."
     from afm.sft import sft_candidates
     return sft_candidates(run, n, summary="rl.json")
+
+
+def pool_seeds(runs: Sequence[Sequence[dict]]) -> list[dict]:
+    """The records of several runs (seeds) on the same questions as one set, each run's samples numbered after the
+    previous run's: a question's score is then its mean over every seed and sample, paired question by question."""
+    out, offset = [], 0
+    for recs in runs:
+        out += [{**r, "sample": offset + r["sample"]} for r in recs]
+        offset += 1 + max((r["sample"] for r in recs), default=-1)
+    return out
 
 # %% ../nbs/10_rl.ipynb #da5aac0b
 TOOL_ROLES = ("web_search", "wiki_search", "crawl_page", "code")
