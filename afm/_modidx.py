@@ -746,6 +746,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.sft.known_schedulers': ('sft.html#known_schedulers', 'afm/sft.py'),
                          'afm.sft.lm_dataset': ('sft.html#lm_dataset', 'afm/sft.py'),
                          'afm.sft.max_chars': ('sft.html#max_chars', 'afm/sft.py'),
+                         'afm.sft.muon_adamw': ('sft.html#muon_adamw', 'afm/sft.py'),
                          'afm.sft.plot_losses': ('sft.html#plot_losses', 'afm/sft.py'),
                          'afm.sft.prefix_dataset': ('sft.html#prefix_dataset', 'afm/sft.py'),
                          'afm.sft.prefix_example': ('sft.html#prefix_example', 'afm/sft.py'),

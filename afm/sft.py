@@ -20,12 +20,13 @@ from .core import check_fields, data_dir, read_rows
 from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'CHAPTER_KEYS', 'ELAPSED', 'sft_rows', 'conversation', 'check_tokenizer',
-           'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report', 'segment_attention',
-           'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs', 'sft_args', 'data_digest',
-           'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split', 'sft_trainer', 'train_sft',
-           'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model', 'prefix_example', 'prefix_dataset',
-           'sft_recipe', 'copy_positions', 'copy_probe', 'sft_candidates', 'fewshot_system', 'cli_sft']
+__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'OPTIMIZERS', 'CHAPTER_KEYS', 'ELAPSED', 'sft_rows', 'conversation',
+           'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
+           'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
+           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split',
+           'muon_adamw', 'sft_trainer', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for',
+           'start_model', 'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe',
+           'sft_candidates', 'fewshot_system', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -194,6 +195,7 @@ def register_segment_attention() -> str:
 
 # %% ../nbs/09_sft.ipynb #80506c72
 MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
+OPTIMIZERS = ("adamw", "muon")
 CHAPTER_KEYS = ("sft_demo_steps", "sft_val_per_suite", "sft_choose", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_fewshot",
                 "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
 
@@ -221,6 +223,7 @@ class SFTArgs:
     lr_scheduler: str = field(default="cosine", metadata={"help": "transformers' scheduler name"})
     warmup: float = field(default=0.05, metadata={"help": "warm-up, as a share of the steps"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw, or muon (Muon on the hidden matrices, AdamW on the rest: `muon_adamw`)"})
     batch_size: int = field(default=4, metadata={"help": "packed rows per device and step"})
     grad_accum: int = field(default=1, metadata={"help": "gradient accumulation steps"})
     max_length: int = field(default=2048, metadata={"help": "tokens per packed row; longer examples are skipped"})
@@ -249,7 +252,7 @@ class SFTArgs:
         if self.max_steps <= 0 and self.epochs <= 0: raise ValueError("SFTArgs: set epochs > 0 or max_steps > 0")
         if self.early_stopping and self.save_steps % self.val_steps:
             raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of val_steps ({self.val_steps})")
-        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions())):
+        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions()), ("optimizer", OPTIMIZERS)):
             if getattr(self, name) not in known:
                 raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of {', '.join(known)}")
 
@@ -362,6 +365,37 @@ def _elapsed_callback(before: float):
                 Path(args.output_dir, f"checkpoint-{state.global_step}", ELAPSED).write_text(json.dumps({"seconds": self.seconds()}))
     return Elapsed()
 
+# %% ../nbs/09_sft.ipynb #5d1e0a12
+def muon_adamw(model, lr: float, weight_decay: float = 0.0, momentum: float = 0.95, betas: tuple = (0.9, 0.999), eps: float = 1e-8):
+    "One optimizer over `model`'s trainable weights: `torch.optim.Muon` on the 2-D hidden matrices, `torch.optim.AdamW` on the rest."
+    import torch
+
+    def hidden(name: str, p) -> bool: return p.ndim == 2 and not any(k in name for k in ("embed", "lm_head", "wte", "wpe"))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named: raise ValueError("muon_adamw: the model has no trainable weights")
+
+    class MuonAdamW(torch.optim.Optimizer):
+        def __init__(self):
+            mats, rest = [p for n, p in named if hidden(n, p)], [p for n, p in named if not hidden(n, p)]
+            self.parts = ([torch.optim.Muon(mats, lr=lr, weight_decay=weight_decay, momentum=momentum, adjust_lr_fn="match_rms_adamw")] if mats else []) \
+                + ([torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)] if rest else [])
+            super().__init__([p for _, p in named], {"lr": lr})
+            self.param_groups = [g for o in self.parts for g in o.param_groups]  # shared: a scheduler's lr reaches both
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            loss = closure() if closure is not None else None
+            for o in self.parts: o.step()
+            return loss
+
+        def state_dict(self): return {"parts": [o.state_dict() for o in self.parts]}
+
+        def load_state_dict(self, state):
+            if len(state.get("parts", ())) != len(self.parts): raise ValueError("muon_adamw: this state is not a Muon+AdamW optimizer's")
+            for o, s in zip(self.parts, state["parts"]): o.load_state_dict(s)
+            self.param_groups = [g for o in self.parts for g in o.param_groups]
+    return MuonAdamW()
+
 # %% ../nbs/09_sft.ipynb #0a69190e
 def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress: bool = True):
     "TRL's `SFTTrainer` for one stage: packed padding-free batches, the attention `args.attention` names, LoRA and early stopping when asked."
@@ -373,8 +407,9 @@ def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress
         from peft import LoraConfig
         peft = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
     quiet = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
+    muon = (lambda: muon_adamw, {"lr": args.learning_rate, "weight_decay": args.weight_decay}) if args.optimizer == "muon" else None
     trainer = SFTTrainer(model=model, args=_trainer_config(args, out, quiet, val is not None), train_dataset=train,
-                         eval_dataset=val, processing_class=tokenizer, peft_config=peft,
+                         eval_dataset=val, processing_class=tokenizer, peft_config=peft, optimizer_cls_and_kwargs=muon,
                          callbacks=[EarlyStoppingCallback(args.early_stopping)] if args.early_stopping and val is not None else None)
     if quiet: trainer.remove_callback(PrinterCallback)  # no log lines either
     if args.lora:  # a checkpoint looks its base up on the hub unless it names a local folder: never from here

@@ -123,3 +123,16 @@ def test_tiny_study_is_tiny_with_the_studies():
              "rl_sft_from")
     assert {k: v for k, v in profiles["tiny-study"].items() if k not in study} == \
         {k: v for k, v in profiles["tiny"].items() if k not in study}  # the study extends tiny
+
+
+def test_license_and_citation():
+    "The license pyproject declares is the one in the box; the citation file parses and cites the paper and the package version."
+    import yaml
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    text = (REPO / "LICENSE").read_text()
+    assert meta["license"] == "Apache-2.0" and "Apache License" in text and "Version 2.0, January 2004" in text and "[yyyy]" not in text
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["version"] == meta["version"] and cff["license"] == meta["license"]
+    paper = cff["preferred-citation"]
+    assert "Chain-of-Agents" in paper["title"] and paper["url"].endswith("2508.13167") and len(paper["authors"]) == 30
+    assert meta["urls"]["Paper"] == paper["url"]

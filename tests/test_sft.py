@@ -44,12 +44,13 @@ def _losses(out):
     return {h["step"]: h["loss"] for h in json.loads((out / "log.json").read_text()) if "loss" in h}
 
 
-def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # Muon's state is ours to save and load: a resume must restore it
+def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, optimizer):
     from afm.sft import ELAPSED, SFTArgs, train_sft
-    steps = ["--max_steps", "12", "--save_steps", "4"]
-    ref = train_sft(setup / "rows.jsonl", setup / "whole", SFTArgs(model=str(setup / "model"), max_steps=12, save_steps=4,
-                    learning_rate=0.003, batch_size=1, val_fraction=0.0), progress=False)  # the same settings, uninterrupted
-    out = setup / "killed"  # the recipe's SFT stage trains in out/sft
+    steps = ["--max_steps", "12", "--save_steps", "4", "--optimizer", optimizer]
+    ref = train_sft(setup / "rows.jsonl", setup / f"whole-{optimizer}", SFTArgs(model=str(setup / "model"), max_steps=12, save_steps=4,
+                    learning_rate=0.003, batch_size=1, val_fraction=0.0, optimizer=optimizer), progress=False)  # the same settings, uninterrupted
+    out = setup / f"killed-{optimizer}"  # the recipe's SFT stage trains in out/sft
     proc = subprocess.Popen(_cmd(setup, out, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
     mark = out / "sft" / "checkpoints" / "checkpoint-4" / ELAPSED  # written after the rest of the checkpoint
     deadline = time.monotonic() + 240
@@ -62,7 +63,7 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     assert done["resumed_from"].startswith("checkpoint-") and done["steps"] == ref["steps"] == 12
     before = json.loads((out / "sft" / "checkpoints" / done["resumed_from"] / ELAPSED).read_text())["seconds"]
     assert 0 < done["resumed_seconds"] == round(before, 1) < done["train_seconds"]  # the killed process's seconds are counted
-    a, b = _losses(out / "sft"), _losses(setup / "whole")
+    a, b = _losses(out / "sft"), _losses(setup / f"whole-{optimizer}")
     assert max(a) == 12 and all(abs(a[s] - b[s]) < 1e-4 * max(1.0, abs(b[s])) for s in a), (a, b)  # the same run, resumed
     assert abs(done["final_train_loss"] - ref["final_train_loss"]) < 1e-4 * max(1.0, ref["final_train_loss"])
 
