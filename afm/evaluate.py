@@ -11,7 +11,7 @@ import os
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,9 +22,10 @@ from .tools import Toolbox
 from .world import GENERATED_SUITES
 
 # %% auto #0
-__all__ = ['EVAL_SUITES', 'RECORDS_CODE', 'grade_episode', 'evaluate', 'suite_tasks', 'suite_chance', 'pass_at_k', 'by_task',
-           'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean', 'markdown_table', 'paired_bootstrap', 'vote',
-           'self_check', 'best_of_n', 'choose', 'read_records', 'weights_stamp', 'eval_key', 'records', 'cli_eval']
+__all__ = ['EVAL_SUITES', 'RECORDS_CODE', 'EVAL_PARAMETERS', 'grade_episode', 'evaluate', 'suite_tasks', 'suite_chance',
+           'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean', 'markdown_table',
+           'paired_bootstrap', 'vote', 'self_check', 'best_of_n', 'choose', 'read_records', 'weights_stamp', 'eval_key',
+           'records', 'eval_config', 'cli_eval']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None) -> dict:
@@ -43,6 +44,8 @@ def evaluate(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = No
              workers: int = 2) -> list[dict]:
     """Roll out each task `k` times (or once, as sample `samples[i]`) and grade each episode (`workers` at a time: code
     runs in the sandbox); in task order, a task's samples together."""
+    from afm.grading import require_judge
+    judge = require_judge(tasks, judge)  # web tasks without a judge: refused before anything is generated
     if samples is None: tasks, samples = [t for t in tasks for _ in range(k)], [s for _ in tasks for s in range(k)]
     episodes = rollout(engine, tasks, toolbox, config, progress=progress, samples=samples)
     with ThreadPoolExecutor(max(1, workers)) as ex:
@@ -272,6 +275,9 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
         key_path.with_suffix(".tmp").write_text(json.dumps(key, indent=1)); os.replace(key_path.with_suffix(".tmp"), key_path)
     done = {(r["task_id"], r["sample"]): r for r in read_records(path)}
     todo = [(t, s) for t in tasks for s in range(k) if (t.id, s) not in done]
+    if todo:
+        from afm.grading import require_judge
+        judge = require_judge([t for t, _ in todo], judge)  # before the engine is built
     if todo and not isinstance(engine, Engine): engine = engine()
     for i in range(0, len(todo), batch):
         chunk = todo[i:i + batch]
@@ -279,67 +285,109 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
         done.update(((r["task_id"], r["sample"]), r) for r in _append(path, recs))
     return [done[(t.id, s)] for t in tasks for s in range(k)]
 
+# %% ../nbs/08a_evaluate.ipynb #e7c0a002
+EVAL_PARAMETERS = ("eval_tasks", "eval_k", "eval_bench_tasks", "eval_chance_per_suite")  # `eval_*` keys that are this chapter's own parameters
+
+
+def eval_config(profile: str | dict = "tiny", samples: int = 1, where: str | None = None, **overrides) -> RolloutConfig:
+    """How `profile` evaluates `samples` per question: its `RolloutConfig` (`afm.rollout.rollout_config`) with its
+    `eval_<field>` keys over it, then `overrides`; without `eval_temperature`, greedy for one sample and 1.0 for several."""
+    from afm.core import check_keys, check_value, load_profile
+    from afm.rollout import rollout_config
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
+    names, keys = {f.name for f in fields(RolloutConfig)}, [k for k in prof if k.startswith("eval_")]
+    check_keys(keys, [f"eval_{n}" for n in names] + list(EVAL_PARAMETERS), where, "`eval_*` keys are fields of RolloutConfig and the evaluation chapter's parameters")
+    own = {k[5:]: check_value(RolloutConfig, k[5:], prof[k], f"{where}: {k}") for k in keys if k[5:] in names and prof[k] is not None}
+    if own.get("temperature") is None or (samples > 1 and own["temperature"] == 0): own["temperature"] = 0.0 if samples == 1 else 1.0
+    try: return replace(rollout_config(prof, where), **{**own, **overrides})
+    except ValueError as e: raise ValueError(f"{where}: {e}") from None
+
 # %% ../nbs/08a_evaluate.ipynb #f187482b
 def _eval_parser():
     import argparse
+    from afm.engine import DTYPES, ENGINES
+    from afm.rollout import PROMPT_LAYOUTS
     p = argparse.ArgumentParser(prog="afm eval", description=cli_eval.__doc__)
-    p.add_argument("--model", required=True, help="a model folder or name (afm.models.load); with --endpoint, the model whose tokenizer it serves")
+    p.add_argument("--model", default=None, help="a model folder or name (afm.models.load; default: the profile's); with --endpoint, the model whose tokenizer it serves")
     p.add_argument("--suite", default=",".join(EVAL_SUITES), help="suites or benchmarks, comma-separated (default: every generated suite)")
     p.add_argument("--split", default="test", help="val (to choose) or test (to report; the default)")
     p.add_argument("--per-suite", type=int, default=20, help="questions per suite (default 20)")
     p.add_argument("--k", type=int, default=1, help="the k of pass@k (default 1)")
     p.add_argument("--samples", type=int, default=None, help="samples per question (default: k)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="sampled tokens per episode (default: the profile's)")
-    p.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) for one sample, else 1.0")
-    p.add_argument("--system", default=None, help="the system prompt (default: the task kind's)")
-    p.add_argument("--profile", default="tiny", help="the profile whose rollout limits and tool sizes apply (default tiny)")
+    p.add_argument("--temperature", type=float, default=None, help="default: the profile's eval_temperature, else 0 (greedy) for one sample and 1.0 for several")
+    p.add_argument("--top-p", type=float, default=None, help="default: the profile's (eval_top_p, else rollout_top_p)")
+    p.add_argument("--system", default=None, help="the instructions (default: the task kind's system prompt)")
+    p.add_argument("--prompt-layout", choices=PROMPT_LAYOUTS, default=None,
+                   help="where the instructions go: system (a system turn, as our SFT rows) or user (the user turn, no system turn: "
+                        "the released AFM checkpoints); default: the profile's, else system")
+    p.add_argument("--profile", default="tiny", help="the profile whose model, engine, decoding, limits and tool sizes apply (default tiny)")
+    p.add_argument("--engine", default=None, help=f"{' or '.join(ENGINES)} (vLLM: NVIDIA GPUs, the gpu extra); default: the profile's `engine` key")
+    p.add_argument("--device", default="auto", help="auto (the first CUDA GPU, else the CPU), cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="auto", help=f"{', '.join(DTYPES)} (auto: float32 on a CPU, bfloat16 on a GPU; vLLM: the checkpoint's)")
     p.add_argument("--out", default=None, help="the records file (JSONL; its key beside it)")
-    p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (`afm serve model`)")
+    p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (`afm serve model`, `vllm serve`)")
     p.add_argument("--batch", type=int, default=64, help="pairs evaluated and written together (default 64)")
     p.add_argument("--chance", default=None, help="a JSON file of suite -> chance rate for the table")
     p.add_argument("--fresh", action="store_true", help="records made otherwise in --out are replaced, not refused")
     return p
 
 # %% ../nbs/08a_evaluate.ipynb #a35c6814
-def _engine(a) -> Callable[[], Engine]:
-    "A function making the engine of `afm eval`'s arguments; an endpoint is asked first whether it answers."
-    from afm.models import load
-    if not a.endpoint:
-        from afm.engine import TransformersEngine
-        return lambda: TransformersEngine(*load(a.model), max_batch=32)
+def _served_tokenizer(model: str):
+    "The tokenizer of `model` and its context, without its weights (a server holds them), as `afm.models.load` would give them."
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+    from afm.models import _prefix_space, chatml_template, check_folder, model_path
+    folder = model_path(model)
+    spec = check_folder(folder)
+    tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(folder)  # as `load` reads it
+    if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
+    return tok, int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 32768))
+
+
+def _engine(model: str, endpoint: str | None, options: dict | None) -> Callable[[], Engine]:
+    "A function making `afm eval`'s engine: `build_engine(model, **options)`, or `model` served at `endpoint`, which is asked first whether it answers."
+    if not endpoint:
+        from afm.engine import build_engine
+        return lambda: build_engine(model, **options)
     import httpx
     from afm.serve import OpenAIEngine
-    url = a.endpoint.rstrip("/").removesuffix("/v1")  # the server's root: `afm serve model` prints it with /v1
+    url = endpoint.rstrip("/").removesuffix("/v1")  # the server's root: `afm serve model` prints it with /v1
     try: httpx.get(f"{url}/v1/models", timeout=10).raise_for_status()
-    except httpx.HTTPError as e: raise ValueError(f"the endpoint {a.endpoint} does not answer ({type(e).__name__}: {e})") from None
-    model, tok = load(a.model)  # its tokenizer, and the context the server has
-    return lambda: OpenAIEngine(url, a.model, tok, context=getattr(model.config, "max_position_embeddings", 32768))
+    except httpx.HTTPError as e: raise ValueError(f"the endpoint {endpoint} does not answer ({type(e).__name__}: {e})") from None
+    tok, context = _served_tokenizer(model)
+    return lambda: OpenAIEngine(url, model, tok, context=context)
 
 
 def cli_eval(argv: list[str] | None = None) -> int:
     "`afm eval`: a model on suites or benchmarks, k samples per question, records kept (a rerun resumes), the per-suite table printed."
-    from afm.core import data_dir
-    from afm.rollout import rollout_config
+    from afm.core import data_dir, load_profile
+    from afm.engine import engine_options
+    from afm.grading import require_judge
     from afm.world import tool_sizes, world_toolbox
     a = _eval_parser().parse_args(argv)
-    try:
+    try:  # everything checked before the model loads: the profile, the model, the engine, the tasks, the judge, the decoding
         n = a.samples or a.k
         if a.split not in ("val", "test"): raise ValueError(f"--split must be val or test, got {a.split!r}")
         if min(a.k, n, a.per_suite, a.batch) < 1: raise ValueError("--k, --samples, --per-suite and --batch must be at least 1")
         if a.k > n: raise ValueError(f"pass@{a.k} needs at least {a.k} samples per question; --samples is {n}")
+        prof = load_profile(a.profile)
+        name = a.model or prof.get("model")
+        if not name: raise ValueError(f"--model is needed: profile {a.profile} names no model")
+        options = None if a.endpoint else engine_options(a.engine or prof.get("engine", "hf"), a.device, a.dtype)
+        model = {"model": f"{name}@{a.endpoint}", "weights": None} if a.endpoint else {**weights_stamp(name), "engine": options}  # a missing model: named here
         tasks = suite_tasks(a.per_suite, a.split, [s.strip() for s in a.suite.split(",") if s.strip()])
-        over = {"max_new_tokens": a.max_new_tokens} if a.max_new_tokens else {}
-        cfg = rollout_config(a.profile, temperature=a.temperature if a.temperature is not None else (0.0 if n == 1 else 1.0),
-                             system=a.system, **over)
-        make = _engine(a)
-        model = {"model": f"{a.model}@{a.endpoint}", "weights": None} if a.endpoint else weights_stamp(a.model)
+        judge = require_judge(tasks)
+        over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system, "prompt_layout": a.prompt_layout}
+        cfg = eval_config(prof, n, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
+        make = _engine(name, a.endpoint, options)
         chance = json.loads(Path(a.chance).read_text()) if a.chance else None
-        out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(a.model).name}{'_served' if a.endpoint else ''}_{a.split}.jsonl"
+        out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(name).name}{'_served' if a.endpoint else ''}_{a.split}.jsonl"
         key = eval_key(model, tasks, cfg, n, tool_sizes(a.profile))
-        recs = records(out, make, tasks, world_toolbox(tool_sizes(a.profile)), cfg, n, key, "restart" if a.fresh else "refuse", a.batch)
+        recs = records(out, make, tasks, world_toolbox(tool_sizes(a.profile)), cfg, n, key, "restart" if a.fresh else "refuse", a.batch, judge=judge)
         print(markdown_table(suite_rows(recs, a.k, chance), ["suite", "questions", "samples", "pass@1", "avg@k", "ci95", "pass@k",
                                                               "format_failures", "tool_calls", "chance"]))
-    except Exception as e:  # one line naming what failed: a suite, the model, the endpoint, the records file, k
+    except Exception as e:  # one line naming what failed: a suite, the model, the engine, the judge, the endpoint, the records file, k
         print(f"afm eval: {type(e).__name__}: {' '.join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())}", file=sys.stderr)
         return 1
     print(f"{len(recs)} records in {out}")

@@ -42,8 +42,8 @@ __all__ = ['log', 'MAX_PREDICTION_CHARS', 'MAX_FINAL_ANSWERS', 'JUDGE_SYSTEM', '
            'exact_match', 'token_f1', 'split_answers', 'answer_text', 'grade_em', 'cover_match', 'answer_scores',
            'MathVerifier', 'boxed_contents', 'final_answers', 'math_verifier', 'grade_math', 'strip_fences', 'is_code',
            'grade_code', 'JudgeError', 'Judgement', 'parse_judgement', 'judge_gold', 'LLMJudge', 'default_judge',
-           'grade_web', 'grade', 'humaneval_stub', 'validate_code_grader', 'math_surface_forms', 'math_wrong_form',
-           'validate_math_grader', 'reward_hacks', 'hack_scores']
+           'NoJudgeError', 'require_judge', 'grade_web', 'grade', 'humaneval_stub', 'validate_code_grader',
+           'math_surface_forms', 'math_wrong_form', 'validate_math_grader', 'reward_hacks', 'hack_scores']
 
 # %% ../nbs/03c_grading.ipynb #0de3773d
 MAX_PREDICTION_CHARS = 100_000
@@ -427,14 +427,28 @@ def default_judge() -> LLMJudge | None:
     return _JUDGES[key]
 
 # %% ../nbs/03c_grading.ipynb #359cc763
+class NoJudgeError(ValueError):
+    "A web task to grade and no LLM judge: none passed and `AFM_JUDGE_BASE_URL` unset."
+
+
+def require_judge(tasks: Sequence[Task], judge: LLMJudge | None = None) -> LLMJudge | None:
+    "The judge for `tasks`' web answers: `judge`, else the configured one; `NoJudgeError` naming the first web task when there is none (None when no task is web)."
+    if judge is not None: return judge
+    if (web := next((t for t in tasks if t.kind == "web"), None)) is None: return None
+    if (judge := default_judge()) is None:
+        raise NoJudgeError(f"task {web.id!r} is a web task, graded by the LLM judge, and no judge is configured: set AFM_JUDGE_BASE_URL "
+                           "(and AFM_JUDGE_MODEL, AFM_JUDGE_API_KEY) to an OpenAI-compatible endpoint, or pass judge=")
+    return judge
+
+
 def grade_web(task: Task, prediction: str, judge: LLMJudge | None = None) -> float:
-    "The LLM judge's verdict when a judge is given or configured, else normalised exact match."
-    judge = judge or default_judge()
-    return judge.grade(task, prediction) if judge else grade_em(task, prediction)
+    "The LLM judge's verdict (the judge given, else the configured one); `NoJudgeError` without a judge, never a fallback to exact match."
+    return require_judge([task], judge).grade(task, prediction)
 
 
 def grade(task: Task, prediction: str, judge: LLMJudge | None = None, runner: Callable[..., Any] | None = None) -> float:
-    "Score a prediction (the `<answer>` text) for a task in [0, 1]; bad predictions score 0.0 and never raise."
+    "Score a prediction (the `<answer>` text) for a task in [0, 1]; bad predictions score 0.0 and never raise (a web task without a judge does: `NoJudgeError`)."
+    if task.kind == "web": judge = require_judge([task], judge)  # before the prediction is read: no web grade without the judge
     if not isinstance(prediction, str): return 0.0
     text = answer_text(prediction).encode("utf-8", "replace").decode("utf-8")   # lone surrogates cannot reach a sandbox or endpoint
     if not text or len(text) > MAX_PREDICTION_CHARS: return 0.0

@@ -24,15 +24,18 @@ from .tasks import Task
 from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
-__all__ = ['ROLLOUT_PARAMETERS', 'RolloutConfig', 'rollout_config', 'Episode', 'turn_seed', 'prompt_ids', 'rollout',
-           'sampled_answer', 'drift', 'bench_rollout', 'cli_bench']
+__all__ = ['PROMPT_LAYOUTS', 'ROLLOUT_PARAMETERS', 'RolloutConfig', 'rollout_config', 'Episode', 'turn_seed', 'prompt_messages',
+           'prompt_ids', 'rollout', 'sampled_answer', 'drift', 'bench_rollout', 'cli_bench']
 
 # %% ../nbs/08_rollout.ipynb #38f1fb7e
+PROMPT_LAYOUTS = ("system", "user")  # where an episode's instructions go: a system turn (ours), or the user turn (the AFM release)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """Budgets and sampling of an episode. Budgets: `max_turns`, `max_tool_calls`, `max_new_tokens`, `max_tokens_per_turn`;
-    sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`; tools: `tool_timeout_s`. A profile
-    sets them as `rollout_<field>` keys (`rollout_config`)."""
+    sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`, `prompt_layout`; tools: `tool_timeout_s`.
+    A profile sets them as `rollout_<field>` keys (`rollout_config`)."""
     max_turns: int = field(default=8, metadata={"help": "generation calls (turns) of an episode"})
     max_tool_calls: int = field(default=6, metadata={"help": "tool calls of an episode; the model's next call ends it"})
     max_new_tokens: int = field(default=1024, metadata={"help": "tokens the model samples in an episode, observations not counted"})
@@ -43,6 +46,8 @@ class RolloutConfig:
     system: str | None = field(default=None, metadata={"help": "the system prompt; none: the SFT prompt of the task's kind"})
     system_style: str = field(default="full", metadata={"help": "that prompt's style, full or brief (the profile's `system_style` key)"})
     tool_timeout_s: float = field(default=120.0, metadata={"help": f"seconds in {TOOL_TIMEOUT} a tool call may take; then its observation says it timed out"})
+    prompt_layout: str = field(default="system", metadata={"help": "where the instructions go: system (a system turn, as our SFT rows "
+                               "have them) or user (the user turn, before the question, no system turn: the released AFM checkpoints)"})
 
     def __post_init__(self):
         check_fields(self, ints={"max_turns": 1, "max_tool_calls": 0, "max_new_tokens": 1, "max_tokens_per_turn": 1, "seed": SEEDS},
@@ -50,6 +55,8 @@ class RolloutConfig:
         if self.system is not None and not isinstance(self.system, str):
             raise FieldTypeError(f"RolloutConfig.system must be text or None, got {type(self.system).__name__}")
         system_prompt("qa", style=self.system_style)  # a bad style fails here, naming the styles
+        if self.prompt_layout not in PROMPT_LAYOUTS:
+            raise ValueError(f"RolloutConfig.prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {self.prompt_layout!r}")
 
 
 ROLLOUT_PARAMETERS = ("rollout_bench_tasks",)  # `rollout_*` profile keys that are this chapter's own parameters, not config fields
@@ -100,11 +107,23 @@ class _State:
         self.t0 = time.perf_counter()
 
 
-def prompt_ids(tokenizer, task: Task, registry=None, system: str | None = None, style: str = "full") -> list[int]:
-    "The episode's prompt: the chat template over the system prompt (default: the task kind's, in `style`) and the question, up to the assistant's turn."
+def prompt_messages(task: Task, registry=None, system: str | None = None, style: str = "full", layout: str = "system") -> list[dict]:
+    """The episode's prompt as chat messages. The instructions (`system`, default: the task kind's system prompt in `style`)
+    are a system turn before the question, or with `layout="user"` open the user turn, a blank line before the question,
+    with no system turn: the released AFM checkpoints' layout. There, a task that carries the release's own prompt (its RL
+    rows' `meta["prompt"]` messages) and no `system` of the caller's is asked in that prompt, as it is."""
+    if layout not in PROMPT_LAYOUTS: raise ValueError(f"prompt layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {layout!r}")
+    own = task.meta.get("prompt") if layout == "user" and system is None else None
+    if own and isinstance(own, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in own):
+        return [{"role": m["role"], "content": m["content"]} for m in own]
     system = system_prompt(task.kind, registry, style) if system is None else system
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": task.question}]
-    return chat_prompt_ids(tokenizer, messages)
+    if layout == "user": return [{"role": "user", "content": f"{system}\n\n{task.question}"}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": task.question}]
+
+
+def prompt_ids(tokenizer, task: Task, registry=None, system: str | None = None, style: str = "full", layout: str = "system") -> list[int]:
+    "The ids of the episode's prompt (`prompt_messages`) under the chat template, up to the assistant's turn."
+    return chat_prompt_ids(tokenizer, prompt_messages(task, registry, system, style, layout))
 
 # %% ../nbs/08_rollout.ipynb #3e96e5d6
 def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = None, config: RolloutConfig | None = None,
@@ -119,7 +138,7 @@ def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = Non
     states, seen = [], Counter()
     if samples is not None and len(samples) != len(tasks): raise ValueError(f"samples: {len(samples)} numbers for {len(tasks)} tasks")
     for i, task in enumerate(tasks):
-        ep = Episode(task.id, prompt_ids(engine.tokenizer, task, box.registry, cfg.system, cfg.system_style))
+        ep = Episode(task.id, prompt_ids(engine.tokenizer, task, box.registry, cfg.system, cfg.system_style, cfg.prompt_layout))
         states.append(_State(task, ep, box.session(task.question), sample=seen[task.id] if samples is None else samples[i]))
         seen[task.id] += 1
     with progress_bar(total=len(states), desc="episodes", disable=not progress) as bar:

@@ -18,7 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from .core import check_range
-from .engine import Engine, EngineBackend, Generation, Request, SamplingParams, TransformersEngine, reason, text_of, cut_at_stop
+from .engine import (DTYPES, ENGINES, Engine, EngineBackend, Generation, Request, SamplingParams, TransformersEngine, build_engine,
+                        cut_at_stop, engine_options, reason, text_of)
 from .llm import TEMPERATURE, TOP_P, ChatBackend, describe_failure, retry_policy, retryable
 
 # %% auto #0
@@ -521,28 +522,44 @@ def _post(self: OpenAIEngine, body: dict) -> dict:
         raise ValueError(f"not a completion ({type(e).__name__}: {e}): {resp.text[:200]!r}") from None
 
 # %% ../nbs/07a_serve.ipynb #be878a93
-def cli_serve(argv: list[str] | None = None) -> int:
-    "`afm serve model`: an OpenAI-compatible server over a model (chat completions, completions, models, health)."
-    import argparse, socket, sys
+def _serve_parser():
+    import argparse
     p = argparse.ArgumentParser(prog="afm serve model", description=cli_serve.__doc__)
-    p.add_argument("--model", required=True, help="a folder, `tiny`, `smollm2-135m-instruct` or a hub name of a cached model")
+    p.add_argument("--model", default=None, help="a folder, `tiny`, `smollm2-135m-instruct` or a hub name of a cached model (default: the profile's)")
+    p.add_argument("--profile", default="tiny", help="the profile whose `model` and `engine` keys are the defaults (default tiny)")
+    p.add_argument("--engine", default=None, help=f"{' or '.join(ENGINES)}: transformers, or vLLM on NVIDIA GPUs (the gpu extra); default: the profile's")
+    p.add_argument("--device", default="auto", help="auto (the first CUDA GPU, else the CPU), cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="auto", help=f"{', '.join(DTYPES)} (auto: float32 on a CPU, bfloat16 on a GPU; vLLM: the checkpoint's)")
     p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=16, help="requests generated together (default 16)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="the largest request body accepted, in MB (default 4)")
-    a = p.parse_args(argv)
-    if not 0 <= a.port <= 65535: print(f"afm serve model: --port must be 0-65535, got {a.port}", file=sys.stderr); return 2
-    if a.max_batch < 1: print(f"afm serve model: --max-batch must be at least 1, got {a.max_batch}", file=sys.stderr); return 2
-    if not a.max_body_mb > 0: print(f"afm serve model: --max-body-mb must be above 0, got {a.max_body_mb}", file=sys.stderr); return 2
-    from afm.models import load
-    try: model, tok = load(a.model)
-    except (ValueError, FileNotFoundError) as e: print(f"afm serve model: {e}", file=sys.stderr); return 2
+    return p
+
+
+def cli_serve(argv: list[str] | None = None) -> int:
+    "`afm serve model`: an OpenAI-compatible server over a model (chat completions, completions, models, health), on a CPU or a GPU."
+    import socket, sys
+    from afm.core import load_profile
+    a = _serve_parser().parse_args(argv)
+    def refuse(why: str) -> int: print(f"afm serve model: {' '.join(why.split())}", file=sys.stderr); return 2
+    if not 0 <= a.port <= 65535: return refuse(f"--port must be 0-65535, got {a.port}")
+    if a.max_batch < 1: return refuse(f"--max-batch must be at least 1, got {a.max_batch}")
+    if not a.max_body_mb > 0: return refuse(f"--max-body-mb must be above 0, got {a.max_body_mb}")
+    try:  # every option checked before the model loads
+        prof = load_profile(a.profile)
+        model = a.model or prof.get("model") or "tiny"
+        opts = engine_options(a.engine or prof.get("engine", "hf"), a.device, a.dtype)
+    except KeyError as e: return refuse(str(e.args[0]))
+    except ValueError as e: return refuse(str(e))
     sock = socket.socket()
     try: sock.bind((a.host, a.port))
-    except OSError as e: print(f"afm serve model: cannot listen on {a.host}:{a.port} ({e.strerror})", file=sys.stderr); return 2
+    except OSError as e: return refuse(f"cannot listen on {a.host}:{a.port} ({e.strerror})")
+    vllm = {"max_num_seqs": a.max_batch} if opts["engine"] == "vllm" else {}
+    try: engine = build_engine(model, **opts, max_batch=a.max_batch, **vllm)
+    except (ValueError, FileNotFoundError) as e: sock.close(); return refuse(str(e))
     import uvicorn
-    backend = EngineBackend(BatchingEngine(TransformersEngine(model, tok, max_batch=a.max_batch)))
-    app = serve_chat(backend, max_body_bytes=int(a.max_body_mb * 2 ** 20))
-    print(f"serving {a.model} at http://{a.host}:{sock.getsockname()[1]}/v1", flush=True)
+    app = serve_chat(EngineBackend(BatchingEngine(engine)), max_body_bytes=int(a.max_body_mb * 2 ** 20))
+    print(f"serving {model} with {opts['engine']} on {opts['device']} in {opts['dtype']} at http://{a.host}:{sock.getsockname()[1]}/v1", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 
