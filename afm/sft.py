@@ -9,27 +9,40 @@ import hashlib
 import json
 import os
 import sys
+import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from .coa import IGNORE_INDEX, TAGS, TagRegistry, check, encode_segments, neutral, parse, segments, tag_words
+from .coa import IGNORE_INDEX, TAGS, TagRegistry, Trajectory, check, encode_segments, neutral, parse, segments, tag_words
 from .core import check_fields, data_dir, read_rows
 from .models import chat_prompt_ids, control_tokens, decode
 
 # %% auto #0
-__all__ = ['SEGMENT_ATTENTION', 'MAX_LENGTH', 'OPTIMIZERS', 'CHAPTER_KEYS', 'ELAPSED', 'sft_rows', 'conversation',
+__all__ = ['LAYOUTS', 'SEGMENT_ATTENTION', 'MAX_LENGTH', 'OPTIMIZERS', 'REPORTS', 'CHAPTER_KEYS', 'ELAPSED', 'row_layout',
+           'sft_rows', 'conversation', 'row_trajectory', 'row_problems', 'data_report', 'report_line',
            'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
            'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
-           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sft_split',
-           'muon_adamw', 'sft_trainer', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for',
-           'start_model', 'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe',
-           'sft_candidates', 'fewshot_system', 'cli_sft']
+           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'check_reporter',
+           'sharded', 'load_dtype', 'packed_rows', 'batch_geometry', 'sft_split', 'muon_adamw', 'sft_trainer',
+           'sft_card', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
+           'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'sft_candidates',
+           'fewshot_system', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+LAYOUTS = ("messages", "sharegpt", "alpaca")  # the row layouts SFT reads: see the table above
+
+
+def row_layout(row: Any) -> str | None:
+    "Which of `LAYOUTS` `row` is in, by its keys: `messages`, `conversations` (sharegpt) or `instruction` and `output` (alpaca); None for none."
+    if not isinstance(row, dict): return None
+    if "messages" in row: return "messages"
+    if "conversations" in row: return "sharegpt"
+    if "instruction" in row and "output" in row: return "alpaca"
+    return None
 
 
 def sft_rows(source) -> Iterator[tuple[str, dict]]:
@@ -48,6 +61,7 @@ def _train_split(dd, where) -> Any:
     if "train" not in dd: raise ValueError(f"{where}: no `train` split to train on (splits: {', '.join(dd) or 'none'})")
     return dd["train"]
 
+
 # %% ../nbs/09_sft.ipynb #15fa37f0
 def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
     "The rows of a `datasets` folder (or of a distilled set's `dataset` folder), its `train` split if it has splits."
@@ -63,14 +77,25 @@ def _folder_rows(path: Path) -> Iterator[tuple[str, dict]]:
     yield from ((f"{folder} row {i}", r) for i, r in enumerate(ds))
 
 # %% ../nbs/09_sft.ipynb #4ff3e19f
+def _alpaca(row: dict, where: str) -> tuple[str | None, str, str]:
+    "`(system, user, assistant)` of an alpaca row: the user turn is the instruction and the input joined by a newline, as LLaMA-Factory joins them."
+    for k in ("instruction", "input", "output", "system"):
+        if row.get(k) is not None and not isinstance(row[k], str): raise ValueError(f"{where}: `{k}` must be text, got {type(row[k]).__name__}")
+    if row.get("history"): raise ValueError(f"{where}: `history` holds earlier turns; SFT trains on one question and its trajectory")
+    return row.get("system") or None, "\n".join(x for x in (row["instruction"], row.get("input")) if x), row["output"] or ""
+
+
 def conversation(row: Any, where: str) -> tuple[str | None, str, str]:
-    "`(system, user, assistant)` of a row in either layout; a ValueError naming `where` when the row has another shape."
+    "`(system, user, assistant)` of a row in any of `LAYOUTS`; a ValueError naming `where` when the row has another shape."
     from afm.tasks import TASK_KINDS
     if not isinstance(row, dict): raise ValueError(f"{where}: a row must be an object, got {type(row).__name__}")
     if row.get("kind") is not None and row["kind"] not in TASK_KINDS:
         raise ValueError(f"{where}: `kind` must be one of {', '.join(TASK_KINDS)} (or absent), got {str(row['kind'])[:40]!r}")
-    key = "messages" if "messages" in row else "conversations" if "conversations" in row else None
-    if key is None: raise ValueError(f"{where}: a row needs `messages` (role/content) or `conversations` (from/value)")
+    layout = row_layout(row)
+    if layout is None:
+        raise ValueError(f"{where}: a row needs `messages` (role/content), `conversations` (from/value) or `instruction` and `output` (alpaca)")
+    if layout == "alpaca": return _alpaca(row, where)
+    key = "messages" if layout == "messages" else "conversations"
     turns = row[key]
     if isinstance(turns, str):
         try: turns = json.loads(turns)
@@ -87,6 +112,41 @@ def conversation(row: Any, where: str) -> tuple[str | None, str, str]:
         raise ValueError(f"{where}: expected one user and one assistant turn (and at most one system), got "
                          f"{', '.join(f'{len(v)} {r}' for r, v in got.items())}")
     return (got["system"][0] if got["system"] else None), got["user"][0], got["assistant"][0]
+
+
+# %% ../nbs/09_sft.ipynb #1a70a002
+def row_trajectory(row: Any, where: str, tags: TagRegistry | None = None) -> Trajectory:
+    """A row of any layout as an `afm.coa.Trajectory`: the question is the user turn, the steps and answer are parsed from the
+    assistant turn (what cannot be read is in its `problems`); the task id is the row's `task_id` or `id`, else `where`."""
+    _, user, assistant = conversation(row, where)
+    meta = {k: row[k] for k in ("kind", "source") if row.get(k) is not None}
+    return parse(assistant, task_id=str(row.get("task_id", row.get("id", where))), question=user, meta=meta or None, tags=tags or TAGS)
+
+
+def row_problems(traj: Trajectory, kind: str | None = None, tags: TagRegistry | None = None) -> list[str]:
+    "`afm.coa.check` on a row's trajectory: in the grammar of its `kind`; without one (released rows), in the grammar it fits best."
+    return check(traj, tags=tags) if kind else min((check(traj, g, tags) for g in ("web", "code")), key=len)
+
+
+def data_report(source, tags: TagRegistry | None = None, top: int = 3) -> dict:
+    """`source`'s rows (anything `sft_rows` reads) counted before tokenising: `rows`, rows per layout, how many pass
+    `afm.coa.check` (`row_problems`) and their share, and the `top` commonest first problems of the others (numbers as N)."""
+    layouts, problems, n, passed = Counter(), Counter(), 0, 0
+    for where, row in sft_rows(source):
+        problem = row_problems(row_trajectory(row, where, tags), row.get("kind"), tags)  # a row of no layout raises here, naming it
+        layouts[row_layout(row)] += 1; n += 1; passed += not problem
+        if problem: problems[re.sub(r"\d+", "N", problem[0])[:80]] += 1
+    return {"rows": n, "layouts": dict(layouts), "pass_check": passed, "share": round(passed / n, 4) if n else 0.0,
+            "problems": dict(problems.most_common(top))}
+
+
+def report_line(report: dict, name: str) -> str:
+    "`data_report`'s counts as one line about the data `name`."
+    layouts = ", ".join(f"{k} {v}" for k, v in report["layouts"].items())
+    why = "; ".join(f"{k} ({v})" for k, v in report["problems"].items())
+    return (f"{name}: {report['rows']} rows ({layouts}); {report['pass_check']} pass afm.coa.check ({report['share']:.1%})"
+            + (f"; commonest problems: {why}" if why else ""))
+
 
 # %% ../nbs/09_sft.ipynb #36998105
 def check_tokenizer(tokenizer, tags: TagRegistry | None = None, plain_tags: bool = False) -> None:
@@ -111,7 +171,7 @@ def sft_example(tokenizer, system: str | None, user: str, assistant: str, mask_o
     traj = parse(assistant, tags=tags or TAGS, meta={"kind": kind} if kind else None)
     if traj.answer is None or not traj.answer.strip(): return "no answer"
     if traj.problems: return f"unparsable: {traj.problems[0]}"
-    problems = check(traj, tags=tags) if kind else min((check(traj, g, tags) for g in ("web", "code")), key=len)
+    problems = row_problems(traj, kind, tags)
     if problems: return f"check: {problems[0]}"
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
     prompt = chat_prompt_ids(tokenizer, messages)
@@ -196,6 +256,7 @@ def register_segment_attention() -> str:
 # %% ../nbs/09_sft.ipynb #80506c72
 MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
 OPTIMIZERS = ("adamw", "muon")
+REPORTS = ("none", "tensorboard", "trackio", "wandb")  # where a run's log may also go (log.json always)
 CHAPTER_KEYS = ("sft_demo_steps", "sft_val_per_suite", "sft_choose", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_fewshot",
                 "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
 
@@ -239,20 +300,26 @@ class SFTArgs:
     val_steps: int = field(default=50, metadata={"help": "steps between validation losses"})
     save_steps: int = field(default=50, metadata={"help": "steps between checkpoints"})
     early_stopping: int = field(default=0, metadata={"help": "stop after this many validations without improvement (0: off)"})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPUs; CPUs with AMX or AVX512-BF16 run it faster too)"})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 (GPUs; CPUs with AMX or AVX512-BF16 run it faster too): weights load in bf16 under DeepSpeed or FSDP, which keep fp32 master weights; elsewhere fp32 weights with bf16 autocast"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in the backward pass: far less memory for about a third more compute (large models, long rows)"})
+    batch_examples: int = field(default=0, metadata={"help": "examples per optimiser step over every process (>0: sets grad_accum from how many examples a packed row holds; 0: grad_accum as given)"})
+    logging_steps: int = field(default=1, metadata={"help": "optimiser steps between logged training losses"})
+    report_to: str = field(default="none", metadata={"help": f"where the training log also goes: one of {', '.join(REPORTS)} (log.json always)"})
+    save_total_limit: int = field(default=0, metadata={"help": "checkpoints kept: the newest (and the best under early stopping); 0 keeps every one"})
+    save_only_model: bool = field(default=False, metadata={"help": "checkpoints hold the weights alone, no optimiser, scheduler or RNG state: a fraction of the size, but the run cannot resume from them"})
     attention: str = field(default=SEGMENT_ATTENTION, metadata={"help": "attention while training: afm_segments (per packed example), or a transformers name (sdpa, flash_attention_2)"})
     seed: int = field(default=0, metadata={"help": "seed of the split, the data order and the initialisation"})
 
     def __post_init__(self):
-        check_fields(self, ints={**dict.fromkeys(("batch_size", "grad_accum", "lora_r", "lora_alpha", "val_steps", "save_steps"), 1),
+        check_fields(self, ints={**dict.fromkeys(("batch_size", "grad_accum", "lora_r", "lora_alpha", "val_steps", "save_steps", "logging_steps"), 1),
                                  "max_length": f"[1, {MAX_LENGTH}]", "max_steps": "[-1, inf)", "lm_max_steps": "[-1, inf)",
-                                 "copy_steps": 0, "early_stopping": 0},
+                                 "copy_steps": 0, "early_stopping": 0, "save_total_limit": 0, "batch_examples": 0},
                      numbers={"epochs": "[0, 10000]", "lm_epochs": "[0, 10000]", "learning_rate": "[0, 1]", "warmup": "[0, 0.99]",
                               "val_fraction": "[0, 0.5]", "weight_decay": "[0, 10]"})
         if self.max_steps <= 0 and self.epochs <= 0: raise ValueError("SFTArgs: set epochs > 0 or max_steps > 0")
         if self.early_stopping and self.save_steps % self.val_steps:
             raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) must be a multiple of val_steps ({self.val_steps})")
-        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions()), ("optimizer", OPTIMIZERS)):
+        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions()), ("optimizer", OPTIMIZERS), ("report_to", REPORTS)):
             if getattr(self, name) not in known:
                 raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of {', '.join(known)}")
 
@@ -284,7 +351,8 @@ def identity_gap(there: dict, here: dict) -> str | None:
         return (f"other data ({old.get('rows')} rows, sha256 {str(old.get('sha256'))[:12]} there; "
                 f"{here['data']['rows']} rows, sha256 {here['data']['sha256'][:12]} here)")
     old = there.get("args") or {}
-    diff = [f"{k} {old.get(k)!r} there, {v!r} here" for k, v in here["args"].items() if old.get(k) != v]
+    added = {k: f.default for k, f in SFTArgs.__dataclass_fields__.items() if k not in old}  # a field added since, at its default, is what that run did
+    diff = [f"{k} {old.get(k)!r} there, {v!r} here" for k, v in here["args"].items() if old.get(k, added.get(k)) != v]
     return f"other settings ({'; '.join(diff[:4])}{' …' if len(diff) > 4 else ''})" if diff else None
 
 # %% ../nbs/09_sft.ipynb #cbf9f3e6
@@ -312,7 +380,9 @@ def check_context(args: SFTArgs, model=None) -> None:
 
 # %% ../nbs/09_sft.ipynb #9c50b20f
 def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
-    "TRL's `SFTConfig` for `args` (TRL calls the validation loss `eval_loss`; its `eval_*` options are our `val_*`)."
+    """TRL's `SFTConfig` for `args` (TRL calls the validation loss `eval_loss`; its `eval_*` options are our `val_*`). Made
+    before the weights load: under `accelerate launch` with DeepSpeed ZeRO-3 it registers the DeepSpeed configuration
+    with transformers (and starts the process group), so that `from_pretrained` then loads each rank's shard alone."""
     from trl import SFTConfig
     best = bool(args.early_stopping and has_val)
     return SFTConfig(
@@ -320,16 +390,43 @@ def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
         lr_scheduler_type=args.lr_scheduler, warmup_steps=args.warmup, weight_decay=args.weight_decay,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum, max_length=args.max_length, packing=True, packing_strategy="bfd",
-        padding_free=True, bf16=args.bf16, gradient_checkpointing=False, logging_steps=1, save_strategy="steps",
-        save_steps=args.save_steps, eval_strategy="steps" if has_val else "no", eval_steps=args.val_steps,
+        padding_free=True, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing, logging_steps=args.logging_steps,
+        save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit or None,
+        save_only_model=args.save_only_model, eval_strategy="steps" if has_val else "no", eval_steps=args.val_steps,
         load_best_model_at_end=best, metric_for_best_model="eval_loss" if best else None, greater_is_better=False if best else None,
-        report_to="none", seed=args.seed, data_seed=args.seed, disable_tqdm=quiet, dataloader_num_workers=0,
-        save_only_model=False, use_cpu=not _has_gpu())
+        report_to="none" if args.report_to == "none" else [args.report_to], run_name=f"afm-sft-{out.parent.name}-{out.name}",
+        seed=args.seed, data_seed=args.seed, disable_tqdm=quiet, dataloader_num_workers=0, use_cpu=not _has_gpu())
 
 
 def _has_gpu() -> bool:
     import torch
     return torch.cuda.is_available()
+
+
+def check_reporter(report_to: str) -> None:
+    "A ValueError naming the package when the logger `report_to` names is not installed (before any model loads)."
+    import importlib.util
+    if report_to != "none" and importlib.util.find_spec(report_to) is None:
+        raise ValueError(f"sft_report_to = {report_to}, but {report_to} is not installed (pip install {report_to}), or set sft_report_to = none")
+
+
+def sharded(config) -> bool:
+    """Whether the trainer `config` (a stage's `SFTConfig`, made under `accelerate launch`) sets up shards the weights over
+    the processes: DeepSpeed, or FSDP where accelerate runs it. accelerate 1.16 turns FSDP on only for accelerator devices
+    (its `AcceleratorState` switches MULTI_GPU, MULTI_NPU, MULTI_XPU, … to FSDP, never MULTI_CPU), so CPU processes launched
+    with an FSDP config train data-parallel."""
+    from accelerate.utils import DistributedType
+    if config.deepspeed_plugin is not None: return True
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(config.fsdp)
+    return fsdp and config.distributed_state.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.NO)
+
+
+def load_dtype(args: SFTArgs, config) -> str:
+    """The dtype the weights load in: bfloat16 when `args.bf16` and DeepSpeed or FSDP trains them (`sharded`: each keeps fp32
+    master weights of its shards itself), else float32, with bf16 autocast when `args.bf16`: AdamW steps of 1e-5 on bf16
+    weights would mostly round away (bf16 keeps 8 bits of mantissa)."""
+    return "bfloat16" if args.bf16 and sharded(config) else "float32"
+
 
 # %% ../nbs/09_sft.ipynb #a54575d6
 def _digest(model) -> str:
@@ -338,6 +435,22 @@ def _digest(model) -> str:
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode()); h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def packed_rows(ds, max_length: int) -> int:
+    "How many rows of `max_length` tokens TRL's best-fit-decreasing packing makes of `ds`'s examples: what a batch counts."
+    from trl.data_utils import pack_dataset
+    return len(pack_dataset(ds.select_columns(["input_ids"]), max_length, "bfd"))
+
+
+def batch_geometry(train, args: SFTArgs, world_size: int = 1) -> dict:
+    """What one optimiser step trains on: `grad_accum` (from `args.batch_examples` when set), the packed rows per step over
+    every process (`batch_size` × `grad_accum` × `world_size`), the examples a packed row holds on average, and so the
+    examples (trajectories) per step."""
+    per_row = len(train) / packed_rows(train, args.max_length)
+    accum = max(1, round(args.batch_examples / (per_row * args.batch_size * world_size))) if args.batch_examples else args.grad_accum
+    rows = args.batch_size * accum * world_size
+    return {"grad_accum": accum, "examples_per_row": round(per_row, 2), "global_batch_rows": rows, "global_batch_examples": round(rows * per_row, 1)}
 
 
 def sft_split(ds, args: SFTArgs):
@@ -397,8 +510,9 @@ def muon_adamw(model, lr: float, weight_decay: float = 0.0, momentum: float = 0.
     return MuonAdamW()
 
 # %% ../nbs/09_sft.ipynb #0a69190e
-def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress: bool = True):
-    "TRL's `SFTTrainer` for one stage: packed padding-free batches, the attention `args.attention` names, LoRA and early stopping when asked."
+def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress: bool = True, config=None):
+    """TRL's `SFTTrainer` for one stage: packed padding-free batches, the attention `args.attention` names, LoRA and early
+    stopping when asked; `config` is the stage's `SFTConfig` when it was made already (`train_sft` makes it before the weights load)."""
     from transformers import EarlyStoppingCallback, PrinterCallback
     from trl import SFTTrainer
     model.set_attn_implementation(register_segment_attention() if args.attention == SEGMENT_ATTENTION else args.attention)
@@ -406,9 +520,9 @@ def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress
     if args.lora:
         from peft import LoraConfig
         peft = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    quiet = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
+    quiet = _quiet(progress)
     muon = (lambda: muon_adamw, {"lr": args.learning_rate, "weight_decay": args.weight_decay}) if args.optimizer == "muon" else None
-    trainer = SFTTrainer(model=model, args=_trainer_config(args, out, quiet, val is not None), train_dataset=train,
+    trainer = SFTTrainer(model=model, args=config or _trainer_config(args, out, quiet, val is not None), train_dataset=train,
                          eval_dataset=val, processing_class=tokenizer, peft_config=peft, optimizer_cls_and_kwargs=muon,
                          callbacks=[EarlyStoppingCallback(args.early_stopping)] if args.early_stopping and val is not None else None)
     if quiet: trainer.remove_callback(PrinterCallback)  # no log lines either
@@ -418,56 +532,104 @@ def sft_trainer(model, tokenizer, train, val, args: SFTArgs, out: Path, progress
     return trainer
 
 
-def _save_run(trainer, tokenizer, out: Path, figures: dict, lora: bool) -> dict:
-    "Finish a trained stage: merge LoRA, save the model (rank 0), the log and `sft.json` with the losses and steps; every rank's weight digest."
+def _quiet(progress: bool) -> bool:
+    "No progress bars or log lines: asked for, or `TQDM_DISABLE` set."
+    return not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
+
+
+def _save_run(trainer, tokenizer, out: Path, figures: dict, lora: bool, source: str) -> dict:
+    """Finish a trained stage: merge LoRA, save the model with its card (rank 0; under DeepSpeed or FSDP every rank first
+    helps gather the full weights), the log and `sft.json` with the losses and steps; every rank's weight digest (DDP)."""
     from afm.models import save_model
     final = trainer.model.merge_and_unload() if lora else trainer.model
     acc = trainer.accelerator
     acc.unwrap_model(final).set_attn_implementation("sdpa")  # what inference and serving use
-    if acc.num_processes > 1: (out / f"rank{acc.process_index}.sha256").write_text(_digest(acc.unwrap_model(final)))
+    from accelerate.utils import DistributedType
+    whole = acc.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP)  # else every rank holds a shard
+    state = None if whole else acc.get_state_dict(trainer.deepspeed if trainer.is_deepspeed_enabled else trainer.model)
+    if acc.num_processes > 1 and whole: (out / f"rank{acc.process_index}.sha256").write_text(_digest(acc.unwrap_model(final)))
     history = trainer.state.log_history
     losses, vals = [h["loss"] for h in history if "loss" in h], [h["eval_loss"] for h in history if "eval_loss" in h]
     figures |= {"steps": trainer.state.global_step, "final_train_loss": losses[-1] if losses else None,
-                "best_val_loss": min(vals) if vals else None, "world_size": acc.num_processes}
+                "best_val_loss": min(vals) if vals else None, "world_size": acc.num_processes, "distributed": acc.distributed_type.value}
     if trainer.is_world_process_zero():
-        save_model(acc.unwrap_model(final), tokenizer, out / "model")
+        save_model(acc.unwrap_model(final), tokenizer, out / "model", card=sft_card(figures, source, out), state_dict=state)
         (out / "log.json").write_text(json.dumps(history, indent=1))
         (out / "sft.json").write_text(json.dumps(figures, indent=2))
     acc.wait_for_everyone()
     return figures
 
+
+# %% ../nbs/09_sft.ipynb #c4rd0902
+def _source(data) -> str:
+    "Where a stage's rows were read from, in words."
+    return str(data) if isinstance(data, (str, Path)) else f"{type(data).__name__} given in memory"
+
+
+def sft_card(figures: dict, source: str, out: Path | None = None) -> str:
+    """The model card of a stage's model, from the stage's `figures` (`train_sft`'s): the base model and its license, the data
+    (`source`, rows, sha256, what was skipped), the recipe (every `SFTArgs` field and the batch it made), the figures at the end."""
+    from afm.models import HUB_MODELS, base_license, model_card, model_path
+    a = figures["args"]
+    base = HUB_MODELS.get(str(a["model"]).lower(), str(a["model"]))
+    try: license = base_license(model_path(base))
+    except (OSError, ValueError): license = "other"  # the base is gone or not on this machine: its terms are not known here
+    data = {"source": source, "rows": figures["data"]["rows"], "sha256": figures["data"]["sha256"], "training rows": figures.get("train_rows"),
+            "validation rows": figures.get("val_rows"), "skipped": figures.get("skipped") or "none", "trained tokens": figures.get("trained_tokens")}
+    batch = {k: figures[k] for k in ("grad_accum", "examples_per_row", "global_batch_rows", "global_batch_examples") if k in figures}
+    numbers = {k: figures.get(k) for k in ("steps", "train_loss", "final_train_loss", "best_val_loss", "train_seconds", "resumed_from", "world_size", "distributed")}
+    stage = f" (stage `{out.name}`)" if out else ""
+    about = (f"Agentic SFT of `{base}` on Chain-of-Agents trajectories by afm's `train_sft`{stage}: "
+             f"{'LoRA adapters merged into the weights' if a['lora'] else 'every weight trained'}, the tool observations "
+             f"{'masked out of' if a['mask_observations'] else 'trained in'} the loss. Trained with the tokenizer saved here.")
+    return model_card(f"afm SFT: {out.parent.name}/{out.name}" if out else "afm SFT", about, base,
+                      {"Data": data, "Recipe": {**a, **batch}, "Figures": numbers}, license, tags=["afm", "chain-of-agents", "sft"])
+
+
 # %% ../nbs/09_sft.ipynb #601623bf
 def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, tokenizer=None, progress: bool = True) -> dict:
     """Train one stage: `args.model` (or `model` and `tokenizer`, that model already loaded) fine-tuned on `data` (anything
     `sft_rows` reads, or a dataset of `input_ids`/`labels`) into `out`, resuming from its newest checkpoint. Returns the
-    run's figures, also in `out/sft.json`; the model (LoRA merged) is saved in `out/model`. `train_seconds` counts every
-    process that trained the run; `resumed_seconds` is the part before the last resume."""
+    run's figures, also in `out/sft.json`; the model (LoRA merged) is saved in `out/model` with its card. `train_seconds`
+    counts every process that trained the run; `resumed_seconds` is the part before the last resume. The weights load last,
+    in `load_dtype`, after the trainer's configuration exists (DeepSpeed ZeRO-3 then loads each rank's shard alone)."""
     import datasets
     from transformers.trainer_utils import get_last_checkpoint
-    from afm.models import load
+    from afm.models import load, load_tokenizer
     args, out = args or SFTArgs(), Path(out)
     if args.copy_steps or args.lm_epochs or args.lm_max_steps > 0:
         raise ValueError("train_sft trains one stage: copy_steps, lm_epochs and lm_max_steps are stages of sft_recipe (set them to 0 here)")
     if (model is None) != (tokenizer is None): raise ValueError("train_sft: pass model and tokenizer together, or neither")
     check_context(args, model)
+    check_reporter(args.report_to)
     identity = run_identity(args, data)  # reads every row: a bad path or file fails here, before anything loads
     if (done := finished_run(out, identity)) is not None: return done | {"already_finished": True}
-    if model is None: model, tokenizer = load(args.model)
+    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    if last and args.save_only_model:
+        raise ValueError(f"{out}: its checkpoints hold weights only (sft_save_only_model = true), so the run cannot resume; "
+                         f"delete {out / 'checkpoints'} to train it again from the start")
+    tokenizer = tokenizer or load_tokenizer(args.model)
     skipped: dict = {}
     if isinstance(data, datasets.Dataset) and "input_ids" in data.column_names: ds = data  # tokenised already
     else: ds = sft_dataset(data, tokenizer, args.mask_observations, args.max_length, plain_tags=args.plain_tags, skipped=skipped)
     train, val = sft_split(ds, args)
-    trainer = sft_trainer(model, tokenizer, train, val, args, out, progress)
-    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    batch = batch_geometry(train, args, int(os.environ.get("WORLD_SIZE", "1")))
+    run_args = replace(args, grad_accum=batch["grad_accum"])
+    config = _trainer_config(run_args, out, _quiet(progress), val is not None)  # first: see the docstring
+    if args.lora and sharded(config): raise ValueError("sft_lora = true under DeepSpeed or FSDP: merging the adapters needs whole weights; train LoRA on one GPU or with DDP")
+    if model is None: model = load(args.model, dtype=load_dtype(args, config))[0]
+    trainer = sft_trainer(model, tokenizer, train, val, run_args, out, progress, config)
     before = json.loads((Path(last) / ELAPSED).read_text())["seconds"] if last and (Path(last) / ELAPSED).is_file() else 0.0
     trainer.add_callback(clock := _elapsed_callback(before))
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps(identity, indent=2))  # only now: a run that failed before training leaves nothing behind
     result = trainer.train(resume_from_checkpoint=last)
-    figures = identity | {"rows": len(ds), "train_rows": len(train), "val_rows": len(val) if val is not None else 0,
-                          "skipped": {k: len(v) for k, v in skipped.items()}, "resumed_from": Path(last).name if last else None,
-                          "resumed_seconds": round(before, 1), "train_seconds": round(clock.seconds(), 1), "train_loss": result.training_loss}
-    return _save_run(trainer, tokenizer, out, figures | {"trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x)}, args.lora)
+    figures = identity | batch | {"rows": len(ds), "train_rows": len(train), "val_rows": len(val) if val is not None else 0,
+                                  "skipped": {k: len(v) for k, v in skipped.items()}, "resumed_from": Path(last).name if last else None,
+                                  "resumed_seconds": round(before, 1), "train_seconds": round(clock.seconds(), 1), "train_loss": result.training_loss,
+                                  "trained_tokens": sum(l != IGNORE_INDEX for x in train["labels"] for l in x)}
+    return _save_run(trainer, tokenizer, out, figures, args.lora, _source(data))
+
 
 # %% ../nbs/09_sft.ipynb #d74139f8
 def plot_losses(history: list[dict], path: Path | str, title: str = "SFT") -> Path:
@@ -630,8 +792,10 @@ def cli_sft(argv: list[str] | None = None) -> int:
     try:
         _, prof, where = stage_profile(pre, argv)
         args, a = parse_configs(p, argv, SFTArgs, defaults=asdict(sft_args(prof, where)))
-        out = Path(a.out) if a.out else data_dir("sft", a.profile)
-        runs = sft_recipe(Path(a.data) if a.data else data_dir("distill", a.profile), out, args)
+        out, data = Path(a.out) if a.out else data_dir("sft", a.profile), Path(a.data) if a.data else data_dir("distill", a.profile)
+        report = data_report(data)  # a released file's share of trainable rows, before any model loads
+        if int(os.environ.get("RANK", "0")) == 0: print(report_line(report, str(data)), flush=True)
+        runs = sft_recipe(data, out, args)
     except Exception as e:  # one line naming what failed: a profile key, the data folder, a row, the output folder
         print(f"afm sft: {type(e).__name__}: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 1

@@ -74,7 +74,7 @@ def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_ste
 def cli_bench(argv: list[str] | None = None) -> int:
     "`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the same rows."
     import argparse
-    from afm.models import load
+    from afm.models import load, load_tokenizer
     p = argparse.ArgumentParser(prog="afm bench sft", description=cli_bench.__doc__)
     p.add_argument("--profile", default="tiny", help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
     p.add_argument("--data", help="the SFT rows (default: <repo>/data/distill/<profile>)")
@@ -86,7 +86,7 @@ def cli_bench(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rows < 2: p.error(f"--rows must be at least 2, got {a.rows}")
     try:
-        _, tok = load(a.model)
+        tok = load_tokenizer(a.model)  # the weights load for each way measured
         ds = sft_dataset(a.data or data_dir("distill", a.profile), tok, max_length=a.max_length, plain_tags=a.plain_tags)
         ds = ds.shuffle(seed=0).select(range(min(a.rows, len(ds))))
         res = bench_sft(ds, lambda: load(a.model)[0].train(), tok, a.max_length)

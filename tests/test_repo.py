@@ -137,3 +137,38 @@ def test_license_and_citation():
     paper = cff["preferred-citation"]
     assert "Chain-of-Agents" in paper["title"] and paper["url"].endswith("2508.13167") and len(paper["authors"]) == 30
     assert meta["urls"]["Paper"] == paper["url"]
+
+
+PAPER = json.loads((REPO / "tests" / "paper_numbers.json").read_text())
+
+
+def _paper_configs(name: str, profile: dict) -> dict:
+    "Each configuration of a profile as the code reads it (defaults included): what a key that is left out means."
+    from afm.evaluate import eval_config
+    from afm.rl import rl_args
+    from afm.rollout import rollout_config
+    from afm.sft import sft_args
+    where = f"settings.ini [{name}]"
+    return {"profile": profile, "sft": vars(sft_args(profile, where)), "rl": vars(rl_args(profile, where)),
+            "rollout": vars(rollout_config(profile, where)), "eval": vars(eval_config(profile, where=where))}
+
+
+@pytest.mark.parametrize("name", [n for n in load_profiles(REPO / "settings.ini") if n.startswith("paper-")])
+def test_paper_profiles_hold_the_papers_numbers(name):
+    "Every paper-* setting with a counterpart in the paper (tests/paper_numbers.json: its sections 4-6) has the paper's value."
+    configs = _paper_configs(name, load_profiles(REPO / "settings.ini")[name])
+    wrong = []
+    for s in PAPER["settings"]:
+        if name not in s.get("profiles", [name]): continue
+        have = configs[s["config"]].get(s["field"])
+        ok = s["paper"][0] <= have <= s["paper"][1] if isinstance(s["paper"], list) else have == s["paper"]
+        if not ok: wrong.append(f"{s['config']}.{s['field']} = {have!r}, the paper (section {s['section']}): {s['paper']!r}, {s['says']}")
+    assert not wrong, "\n".join(wrong)
+    rl, rollout = configs["rl"], configs["rollout"]
+    assert rl["overlong_buffer"] * 8 == rollout["max_new_tokens"]  # section 5: the overlong penalty starts at 7/8 of the length
+
+
+def test_every_paper_number_names_a_real_field():
+    "A typo in the table would check nothing: each entry's field exists in its configuration, and each section is 4, 5 or 6."
+    configs = _paper_configs("paper-web-7b", load_profiles(REPO / "settings.ini")["paper-web-7b"])
+    assert all(s["field"] in configs[s["config"]] and s["section"] in ("4", "5", "6") for s in PAPER["settings"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 AFM = str(Path(sys.executable).with_name("afm"))
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
@@ -68,18 +69,50 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, opti
     assert abs(done["final_train_loss"] - ref["final_train_loss"]) < 1e-4 * max(1.0, ref["final_train_loss"])
 
 
-def test_two_processes_end_with_the_same_weights(setup):
-    from afm.models import load
-    from afm.sft import _digest
+@pytest.fixture(scope="module")
+def ddp_run(setup):
+    "`afm sft` data-parallel on two CPU processes over gloo, 4 steps: every rank holds the whole model; the stage's folder."
     out = setup / "ddp"
     cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
            "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "4", "--save_steps", "4")]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    done = json.loads((out / "sft" / "sft.json").read_text())
-    ranks = [(out / "sft" / f"rank{i}.sha256").read_text() for i in range(2)]
+    return out / "sft"
+
+
+def test_two_processes_end_with_the_same_weights(setup, ddp_run):
+    from afm.models import load
+    from afm.sft import _digest
+    done = json.loads((ddp_run / "sft.json").read_text())
+    ranks = [(ddp_run / f"rank{i}.sha256").read_text() for i in range(2)]
     assert done["world_size"] == 2 and done["steps"] == 4 and ranks[0] == ranks[1]
     assert ranks[0] != _digest(load(str(setup / "model"))[0]) == _digest(load(str(setup / "model"))[0])  # trained, deterministic digest
+
+
+def test_fsdp2_on_two_cpu_processes(setup, ddp_run):
+    """The shipped configs/accelerate/fsdp2.yaml on two CPU processes over gloo, the DDP run's settings and data. Where accelerate
+    runs FSDP there (each decoder layer sharded, loaded on rank 0 and broadcast, the full weights gathered when saved), the saved
+    model is the one DDP trains: sharding changes where the weights live, not what is trained."""
+    import accelerate
+    import torch
+    from afm.models import load
+    out = setup / "fsdp2"
+    cmd = [ACCELERATE, "launch", "--config_file", str(REPO / "configs" / "accelerate" / "fsdp2.yaml"), "--num_processes", "2",
+           "--mixed_precision", "no", *_cmd(setup, out, "--max_steps", "4", "--save_steps", "4")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    done = json.loads((out / "sft" / "sft.json").read_text())
+    a, b = load(str(out / "sft" / "model"))[0].state_dict(), load(str(ddp_run / "model"))[0].state_dict()
+    assert done["world_size"] == 2 and done["steps"] == 4 and a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5  # the config runs, and trains what DDP trains
+    fsdp, ddp = _losses(out / "sft"), _losses(ddp_run)
+    assert fsdp.keys() == ddp.keys() and all(abs(fsdp[s] - ddp[s]) < 1e-4 * max(1.0, abs(ddp[s])) for s in ddp), (fsdp, ddp)
+    if done["distributed"] != "FSDP":
+        pytest.skip(f"accelerate {accelerate.__version__} ran the FSDP2 config as {done['distributed']}: it turns FSDP on only for accelerator "
+                    "devices (AcceleratorState switches MULTI_GPU, MULTI_NPU, MULTI_XPU, ... to FSDP, never MULTI_CPU), and the Trainer "
+                    f"reaches FSDP only through accelerate; torch {torch.__version__} itself shards on CPU over gloo (fully_shard), "
+                    "so the run above trained data-parallel and matched DDP, but no weight was sharded")
+    assert not list((out / "sft").glob("rank*.sha256"))  # sharded: no rank held the whole model to digest
 
 
 @pytest.mark.parametrize("args, says", [
@@ -210,3 +243,25 @@ def test_bench_sft_refuses_bad_input_in_one_line(setup):
         bad = subprocess.run([AFM, "bench", "sft", *argv], capture_output=True, text=True, env=ENV, timeout=120)
         last = bad.stderr.strip().splitlines()[-1]  # argparse prints its usage above the error; the error itself is one line
         assert bad.returncode in (1, 2) and says in last and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
+    """The released AFM files as LLaMA-Factory registers them (alpaca: instruction, input, output; no kind) train as they are:
+    `afm sft` prints the share of rows that pass afm.coa.check before training, skips the rest, and the model's card names the file."""
+    from afm.sft import conversation
+    rows = [json.loads(line) for line in (setup / "rows.jsonl").read_text().splitlines()]
+    alpaca = []
+    for i, r in enumerate(rows):
+        system, user, assistant = conversation(r, f"row {i}")
+        alpaca.append({"instruction": user, "input": "", "output": assistant, "system": system})
+    alpaca.append({**alpaca[0], "output": alpaca[0]["output"].split("<answer>")[0]})  # a trajectory cut before its answer
+    path = tmp_path / "AgentSFTDataset.json"
+    path.write_text(json.dumps(alpaca))
+    r = subprocess.run([*_cmd(setup, tmp_path / "out", "--max_steps", "1", "--save_steps", "1"), "--data", str(path)],
+                       capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{path}: 13 rows (alpaca 13); 12 pass afm.coa.check (92.3%); commonest problems: no <answer> (1)" in r.stdout, r.stdout
+    done = json.loads((tmp_path / "out" / "sft" / "sft.json").read_text())
+    assert done["skipped"] == {"no answer": 1} and done["rows"] == 12
+    card = (tmp_path / "out" / "sft" / "model" / "README.md").read_text()
+    assert f"| source | {path} |" in card and f"| sha256 | {done['data']['sha256']} |" in card and "| rows | 13 |" in card
