@@ -1,4 +1,5 @@
 """`afm eval` as a user runs it: killed mid-run and rerun, it ends with the records an uninterrupted run makes; bad input is one line."""
+import importlib.util
 import json
 import os
 import signal
@@ -108,3 +109,52 @@ def test_eval_over_a_served_model(tiny_folder, tmp_path):
     assert pairs(tmp_path / "served.jsonl") == pairs(tmp_path / "local.jsonl")
     key = json.loads((tmp_path / "served.key.json").read_text())
     assert key["model"] == f"{tiny_folder}@{url}" and key["weights"] is None
+
+
+VLLM = importlib.util.find_spec("vllm") is not None
+NO_JUDGE = {k: v for k, v in ENV.items() if k != "AFM_JUDGE_BASE_URL"}
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--suite", "fanoutqa"], "is a web task, graded by the LLM judge, and no judge is configured: set AFM_JUDGE_BASE_URL"),
+    (["--engine", "sglang"], "engine 'sglang' is not one of hf, vllm"),
+    (["--dtype", "fp8"], "dtype 'fp8' is not one of auto, float32, bfloat16, float16"),
+    (["--device", "cuda:9"], "device 'cuda:9'"),
+    (["--prompt-layout", "released"], "invalid choice: 'released'"),
+    pytest.param(["--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine with an NVIDIA GPU: '
+                 'pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
+])
+def test_engine_judge_and_layout_options_are_checked_first(tiny_folder, tmp_path, extra, says):
+    "Each refused in one line before the model loads or anything is generated (a web suite: before its first episode, no judge)."
+    t0 = time.monotonic()
+    r = subprocess.run([AFM, "eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"),
+                        *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=NO_JUDGE)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode in (1, 2) and says in last, r.stderr[-1000:]
+    assert not (tmp_path / "r.jsonl").exists() and time.monotonic() - t0 < 120
+
+
+@pytest.mark.skipif(VLLM, reason="vLLM is installed here: the profile's engine would be built")
+def test_the_profile_engine_key_is_honoured(tmp_path):
+    "paper-web-7b names engine = vllm: without vLLM, `afm eval --profile paper-web-7b` says so in one line, before its 15 GB model is looked for."
+    r = afm("eval", "--profile", "paper-web-7b", "--suite", "world-atomic", "--out", str(tmp_path / "r.jsonl"))
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == ['afm eval: ValueError: engine vllm: vLLM is not installed here; install '
+                                                                  'the gpu extra on a machine with an NVIDIA GPU: pip install -e ".[gpu]"'], r.stderr
+    r = afm("eval", "--profile", "paper-web-7b", "--engine", "hf", "--device", "cpu", "--suite", "world-atomic", "--out", str(tmp_path / "r.jsonl"),
+            timeout=120)
+    if "not on this machine" not in r.stderr: pytest.skip("Qwen2.5-7B-Instruct is cached here")
+    assert r.returncode == 1 and "model Qwen/Qwen2.5-7B-Instruct is not on this machine" in r.stderr.strip().splitlines()[-1]
+
+
+def test_dtype_and_released_layout_reach_the_records(tiny_folder, tmp_path):
+    "`--dtype bfloat16 --device cpu --prompt-layout user`: the records' key says how they were made, so fp32 records are not mixed in."
+    out = tmp_path / "user.jsonl"
+    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
+            "--device", "cpu", "--dtype", "bfloat16", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    key = json.loads(out.with_suffix(".key.json").read_text())
+    assert key["engine"] == {"engine": "hf", "device": "cpu", "dtype": "bfloat16"} and key["rollout"]["prompt_layout"] == "user"
+    assert key["rollout"]["temperature"] == 0.0  # one sample on tiny: greedy (eval_config)
+    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
+            "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
+    assert r.returncode == 1 and "made otherwise (engine differ)" in r.stderr, r.stderr[-1000:]

@@ -120,3 +120,22 @@ def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
     model, tok = tool_calling_tiny(seed=3)
     assert calls_tools(model, tok, [t for t, _ in examples[:8]]) >= 0.75
     assert provenance(folder)["fitted"]["calls_tools"] >= 0.75
+
+
+def test_a_released_checkpoint_is_prompted_in_its_own_layout(setup):
+    "`prompt_layout=user`: no system turn; the instructions open the user turn, or a released RL row's own prompt is used as it is."
+    from afm.benchmarks import afm_rl_task
+    from afm.models import chat_prompt_ids
+    model, tok, engine, cfg, tasks = setup
+    roles = lambda ids: [part.split("\n", 1)[0].strip() for part in tok.decode(ids, skip_special_tokens=False).split("<|im_start|>")[1:]]
+    user = dataclasses.replace(cfg, prompt_layout="user")
+    ours, theirs = rollout(engine, tasks[:2], world_toolbox(tool_sizes("tiny")), cfg), rollout(engine, tasks[:2], world_toolbox(tool_sizes("tiny")), user)
+    assert all(roles(e.prompt_ids) == ["system", "user", "assistant"] for e in ours)
+    assert all(roles(e.prompt_ids) == ["user", "assistant"] for e in theirs)
+    assert theirs[0].prompt_ids == chat_prompt_ids(tok, [{"role": "user", "content": f"{TINY_SYSTEM}\n\n{tasks[0].question}"}])
+    prompt = [{"role": "user", "content": "Answer with the tools. <web_search>query</web_search>...\nQuestion: In what year was Lumo founded?"}]
+    row = {"data_source": "afm-web", "prompt": prompt, "extra_info": {"index": 7},
+           "reward_model": {"ground_truth": json.dumps({"target": "1999", "question": "In what year was Lumo founded?"})}}
+    task = afm_rl_task(row, "rl.parquet:1", "web")
+    released = rollout(engine, [task], Toolbox(), dataclasses.replace(user, system=None, max_new_tokens=8))[0]
+    assert released.prompt_ids == chat_prompt_ids(tok, prompt) and roles(released.prompt_ids) == ["user", "assistant"]

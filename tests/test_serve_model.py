@@ -1,5 +1,6 @@
 """`afm serve model` as a user runs it: a real process on a free port, real HTTP, and clear one-line errors; and the server
 as the official `openai` client sees it."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -55,11 +56,40 @@ def test_serves_a_model_folder_over_http(tiny_folder):
         proc.terminate(); proc.wait(10)
 
 
+def test_serves_bfloat16_on_the_chosen_device_to_the_openai_client(tiny_folder):
+    "`--dtype bfloat16 --device cpu` as a GPU user writes `--device cuda`: the line says what runs, the official client gets answers."
+    openai = pytest.importorskip("openai")  # the `dev` extra
+    proc = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--dtype", "bfloat16", "--device", "cpu", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"serving {tiny_folder} with hf on cpu in bfloat16 at http://"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        client = openai.OpenAI(base_url=line.split(" at ")[1].strip(), api_key="none", max_retries=0, timeout=60)
+        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Where is Paris?"}], max_tokens=8, temperature=0)
+        assert isinstance(chat.choices[0].message.content, str) and chat.usage.completion_tokens >= 1
+        comp = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=4, temperature=0, extra_body={"return_token_ids": True})
+        assert len(comp.choices[0].token_ids) == comp.usage.completion_tokens >= 1
+    finally:
+        proc.terminate(); proc.wait(10)
+
+
+VLLM = importlib.util.find_spec("vllm") is not None
+
+
 @pytest.mark.parametrize("args, says", [
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--model", "/nonexistent/folder"], "model folder /nonexistent/folder does not exist"),
     (["--model", "tiny", "--port", "99999"], "--port must be 0-65535"),
     (["--model", "tiny", "--max-body-mb", "0"], "--max-body-mb must be above 0"),
+    (["--model", "tiny", "--engine", "tgi"], "engine 'tgi' is not one of hf, vllm"),
+    (["--model", "tiny", "--dtype", "fp8"], "dtype 'fp8' is not one of auto, float32, bfloat16, float16"),
+    (["--model", "tiny", "--device", "cuda:9"], "device 'cuda:9'"),
+    (["--model", "tiny", "--device", "tpu"], "device 'tpu'"),
+    (["--profile", "paper-web-9b"], "unknown profile 'paper-web-9b'"),
+    pytest.param(["--model", "tiny", "--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine with '
+                 'an NVIDIA GPU: pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
+    pytest.param(["--profile", "paper-web-7b"], "engine vllm: vLLM is not installed",  # the profile's `engine` key, honoured
+                 marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
 ])
 def test_bad_input_is_one_clear_line(args, says):
     t0 = time.monotonic()
