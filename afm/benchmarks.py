@@ -191,7 +191,10 @@ def source_rows(name: str, source: DataSource, path: Path | str | None = None,
 
 
 def _hub_rows(name: str, source: DataSource, folder: Path, keep_file: Callable[[Path], bool] | None = None) -> Iterator[tuple[str, dict]]:
-    "Rows fetched from the hub, or a FileNotFoundError that says what to download and where to put it."
+    "Rows fetched from the hub (only with `AFM_DOWNLOAD=1`, as models), or a FileNotFoundError that says what to download and where to put it."
+    if source.hub_id is not None and os.environ.get("AFM_DOWNLOAD") != "1":
+        raise FileNotFoundError(f"{name}: no local data in {folder}/, and afm downloads datasets only with AFM_DOWNLOAD=1 "
+                                f"(it would fetch {source.hub_id}); set it, or put the files there (or set $AFM_DATA, or pass path=...).")
     why = "it is not on the hub" if source.hub_id is None else hub_offline()
     if why:
         raise FileNotFoundError(f"{name}: no local data in {folder}/ and {why}. {source.instructions()} "

@@ -131,14 +131,14 @@ def _normalize_urls(text: str) -> str: return " | ".join(normalize_url(u) for u 
       "current goal.", normalize=_normalize_urls, split=split_urls, dedup=True, task_kinds=("qa", "web"),
       seen_reply="You have already read '{input}' in this task; use the earlier result or try something else.")
 def crawl_page(text: str, ctx: ToolContext) -> str:
-    "Read each URL from the document store (or the web when online) and summarise it for the question and last query."
+    "Read each URL from the document store (the local index, or what the retrieval server showed; the web when online) and summarise it."
     urls = split_urls(text)
     if not urls: raise BadInput("no URL given; write urls separated by |")
-    cfg, store, goal = ctx.config(CrawlConfig), ctx.config(SearchConfig).search_index(), f"{ctx.question} {ctx.last_query}".strip()
+    cfg, search, goal = ctx.config(CrawlConfig), ctx.config(SearchConfig), f"{ctx.question} {ctx.last_query}".strip()
     pages, failures = [], []
     for i, url in enumerate(urls, 1):
         try:
-            try: doc = store.get(url)
+            try: doc = search.page(url)
             except ValueError as e: raise BadInput(f"not a URL ({e})") from None
             if doc is not None: title, body = doc.title, doc.text
             elif ctx.box.online: title, body = fetch_page(url, cfg.fetch_timeout_s)

@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .coa import Accounting, Step, Trajectory, check, counts, render
-from .core import check_fields, check_value, data_dir, parse_configs, profile_config, progress_bar, stage_parser, stage_profile
-from .grading import grade
-from .mas import MASRun, MultiAgentSystem, OfflineTeacher, TeacherConfig
+from .core import DATA_SUFFIXES, check_fields, check_value, data_dir, parse_configs, profile_config, progress_bar, stage_parser, stage_profile
+from .grading import default_judge, grade
+from .llm import ChatBackend, Endpoint, LLMClient
+from .mas import LLMBrain, LLMTeacherConfig, MASRun, MultiAgentSystem, OfflineTeacher, TeacherConfig, check_backend
 from .prompts import SYSTEM_STYLES, system_prompt
-from .tasks import Task, load_benchmark
+from .tasks import SPLITS, Task, benchmarks, load_benchmark, read_tasks
 from .tools import TOOLS, ToolRegistry, Toolbox
-from .world import ToolSizes, tool_sizes, world_toolbox
+from .world import GENERATED_SUITES, ToolSizes, tool_sizes, world_documents
 
 # %% auto #0
-__all__ = ['Stage', 'DISTILL_SUITES', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
+__all__ = ['Stage', 'DISTILL_SUITES', 'BRAINS', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
            'redundant_inputs', 'complexity', 'quality', 'reflection_enrichment', 'Deduplicate', 'default_stages',
-           'stage_name', 'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'DistillConfig', 'distill',
-           'cli_distill']
+           'stage_name', 'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'ToolboxConfig',
+           'DistillConfig', 'distill', 'cli_distill']
 
 # %% ../nbs/05_distill.ipynb #9af4dd4e
 def linearize(run: MASRun, task: Task) -> Trajectory:
@@ -63,18 +64,23 @@ def read_runs(path: Path | str) -> list[MASRun]:
 
 
 def teacher_identity(mas: MultiAgentSystem) -> dict[str, Any]:
-    "What makes recorded runs reusable: the brain, its configuration, the tools' result sizes and the MAS code (a hash of `afm/mas.py`)."
+    """What makes recorded runs reusable: the brain, its configuration (an LLM brain's sampling settings), the tools' result
+    sizes and the MAS code (a hash of `afm/mas.py`)."""
     import hashlib, afm.mas
     config = getattr(mas.brain, "config", None)
-    return {"brain": mas.brain.name, "config": asdict(config) if is_dataclass(config) else None, "tools": asdict(ToolSizes.of(mas.box)),
+    if config is None and is_dataclass(mas.brain):
+        config = {f.name: v for f in fields(mas.brain) if isinstance(v := getattr(mas.brain, f.name), (bool, int, float, str))}
+    return {"brain": mas.brain.name, "config": asdict(config) if is_dataclass(config) else config, "tools": asdict(ToolSizes.of(mas.box)),
             "mas_sha256": hashlib.sha256(Path(afm.mas.__file__).read_bytes()).hexdigest()[:16]}
 
 
-def generate_runs(tasks: Sequence[Task], mas: MultiAgentSystem, path: Path | str, workers: int = 2, progress: bool = True) -> list[MASRun]:
-    "Solve every task not yet in `path` and append its run there as soon as it ends; returns all runs, in task order."
+def generate_runs(tasks: Sequence[Task], mas: MultiAgentSystem, path: Path | str, workers: int = 2, progress: bool = True,
+                  identity: dict[str, Any] | None = None) -> list[MASRun]:
+    """Solve every task not yet in `path` and append its run there as soon as it ends; returns all runs, in task order.
+    Runs recorded by another teacher (`teacher_identity`, plus `identity`: what else made them, such as the tools' sources) are set aside."""
     import warnings
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    meta, identity = path.with_suffix(".teacher.json"), teacher_identity(mas)
+    meta, identity = path.with_suffix(".teacher.json"), teacher_identity(mas) | (identity or {})
     if path.exists() and (not meta.exists() or json.loads(meta.read_text()) != identity):
         old = path.with_name(f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
         path.rename(old)  # another teacher made these runs: keep them aside, start afresh
@@ -202,6 +208,10 @@ def to_dataset(trajs: Sequence[Trajectory], registry: ToolRegistry | None = None
                      "interactions": c["interactions"], "tool_calls": c["tool_calls"], "reflections": c["reflections"],
                      "error_correction": bool(t.meta.get("error_correction")), "teacher_tokens": t.meta["teacher"]["tokens"],
                      "teacher_tool_calls": t.meta["teacher"]["tool_calls"], "trajectory": t.to_json()})
+    if not rows:  # a run that kept nothing still writes a dataset, its columns named
+        return datasets.Dataset.from_dict({c: [] for c in ("id", "task_id", "question", "kind", "source", "split", "hops", "messages",
+                                                           "interactions", "tool_calls", "reflections", "error_correction",
+                                                           "teacher_tokens", "teacher_tool_calls", "trajectory")})
     return datasets.Dataset.from_list(rows)
 
 # %% ../nbs/05_distill.ipynb #53d2d224
@@ -233,42 +243,109 @@ def save_dataset(ds, table: list[dict], out: Path | str) -> Path:
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".dataset.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
+    ds.save_to_disk(str(tmp), **({} if len(ds) else {"num_shards": 1}))  # no shard at all would not load back
     shutil.rmtree(out / "dataset", ignore_errors=True); tmp.rename(out / "dataset")
     ds.to_json(str(out / "sft.jsonl.tmp"), lines=True, force_ascii=False); (out / "sft.jsonl.tmp").replace(out / "sft.jsonl")
     (out / "filter.json").write_text(json.dumps(table, indent=2))
     write_card(ds, table, out)
     return out
 
+# %% ../nbs/05_distill.ipynb #a7b0c001
+@dataclass
+class ToolboxConfig:
+    """Distillation's tools: what the local index holds (the world's pages when generated suites are distilled, your corpus,
+    the Wikipedia summaries) and the online backends — Serper, a retrieval server, an LLM that summarises pages."""
+    corpus: str = field(default="", metadata={"help": "a JSONL of your documents (url, title, text): indexed for the search tools, read by crawl_page"})
+    wiki: bool = field(default=True, metadata={"help": "index the bundled Wikipedia summaries too"})
+    online: bool = field(default=False, metadata={"help": "web_search asks Google through Serper ($SERPER_API_KEY); crawl_page fetches pages the store lacks"})
+    retriever_url: str = field(default="", metadata={"help": "a Search-R1 /retrieve server (e.g. `afm serve search`) for wiki_search; its results are pages crawl_page can read"})
+    web_retriever: bool = field(default=False, metadata={"help": "web_search asks the retrieval server too, instead of the local index"})
+    summarizer_url: str = field(default="", metadata={"help": "an OpenAI-compatible endpoint writing crawl_page's summaries (key: $AFM_LLM_API_KEY); empty: extractive"})
+    summarizer_model: str = field(default="", metadata={"help": "the summariser's model name (default: $AFM_LLM_MODEL, else 'default')"})
+
+    def __post_init__(self):
+        for k in ("retriever_url", "summarizer_url"):
+            if (v := getattr(self, k)) and not v.startswith(("http://", "https://")): raise ValueError(f"{k} {v!r} is not an http(s) URL")
+        if self.web_retriever and not self.retriever_url: raise ValueError("web_retriever needs retriever_url (the server web_search asks)")
+
+    def toolbox(self, sizes: ToolSizes | None = None, extra: Sequence = ()) -> Toolbox:
+        """The toolbox, its results of `sizes`, over an index of `extra` documents (and the corpus, and the Wikipedia summaries).
+        Each configured source is checked before the index is built: a missing corpus, a missing Serper key, a retrieval
+        server or summariser that does not answer is a one-line error."""
+        from afm.crawl import CrawlConfig
+        from afm.search import RetrievalClient, SearchConfig, SerperSearch, default_index
+        if self.corpus and not Path(self.corpus).is_file(): raise FileNotFoundError(f"corpus {self.corpus}: no such file (a JSONL of url/title/text documents)")
+        serper = SerperSearch() if self.online else None  # no key: a ValueError naming SERPER_API_KEY
+        retriever = RetrievalClient(self.retriever_url) if self.retriever_url else None
+        if retriever: retriever.check()
+        summarizer = None
+        if self.summarizer_url:
+            model, key = self.summarizer_model or os.environ.get("AFM_LLM_MODEL", "default"), os.environ.get("AFM_LLM_API_KEY", "")
+            summarizer = LLMClient(Endpoint(self.summarizer_url, model, key))
+            check_backend(summarizer, f"the page summariser at {self.summarizer_url}")
+        local = self.wiki or self.corpus or extra
+        index = default_index(extra, self.corpus or None, self.wiki) if local else None  # None: the retrieval server's pages are the store
+        if index is None and retriever is None: raise ValueError("the toolbox has no documents: give a corpus, keep wiki, or a retriever_url")
+        z = sizes or ToolSizes()
+        search = SearchConfig(index=index, web_k=z.web_k, snippet_chars=z.snippet_chars, wiki_k=z.wiki_k, wiki_chars=z.wiki_chars,
+                              serper=serper, retriever=retriever, web_retriever=self.web_retriever)
+        return Toolbox([search, CrawlConfig(summary_chars=z.summary_chars, summarizer=summarizer)], online=self.online)
+
 # %% ../nbs/05_distill.ipynb #1756daae
 DISTILL_SUITES = ["world-atomic", "world-depth", "world-width", "world-compute", "gsm-symbolic", "code-gen"]
+BRAINS = ("offline", "openai")
 
 
 @dataclass
 class DistillConfig:
-    "What to distil and how; the teacher's habits and the filter are configs of their own."
+    "What to distil and how; the teacher (its habits, or its endpoint), the tools and the filter are configs of their own."
     tasks_per_suite: int = field(default=200, metadata={"help": "sft-split tasks per suite the teacher solves"})
     suites: list[str] = field(default_factory=lambda: list(DISTILL_SUITES), metadata={"help": "the suites distilled"})
     suite_tasks: dict = field(default_factory=dict, metadata={"help": "tasks of particular suites, instead of tasks_per_suite", "cli": False})
+    tasks: str = field(default="", metadata={"help": "your tasks instead of the suites: a JSONL file in afm.tasks' schema, a folder saved from a task Dataset, or a registered benchmark"})
+    tasks_split: str = field(default="", metadata={"help": "only the tasks of this split of --tasks (default: all)"})
+    max_tasks: int = field(default=0, metadata={"help": "at most this many of --tasks, in order (0: all)"})
     workers: int = field(default=2, metadata={"help": "tasks solved concurrently"})
     world_scale: float = field(default=1.0, metadata={"help": "size of the generated world relative to its defaults"})
     seed: int = field(default=0, metadata={"help": "seed of the world, the suites and the teacher"})
     system_style: str = field(default="full", metadata={"help": "the rows' system prompt: full or brief (the profile's system_style key)"})
+    brain: str = field(default="offline", metadata={"help": "the teacher: offline (the privileged offline teacher) or openai (an LLM behind an OpenAI-compatible endpoint)", "choices": BRAINS})
     tools: ToolSizes = field(default_factory=ToolSizes, metadata={"help": "what each tool call shows (the profile's tools_* keys)", "cli": False})
+    toolbox: ToolboxConfig = field(default_factory=ToolboxConfig, metadata={"help": "the tools' documents and backends (or a dict: the profile's distill_toolbox)", "cli": False})
     teacher: TeacherConfig = field(default_factory=TeacherConfig, metadata={"help": "the offline teacher's habits (or a dict of them: the profile's distill_teacher)", "cli": False})
+    llm: LLMTeacherConfig = field(default_factory=LLMTeacherConfig, metadata={"help": "the LLM teacher's endpoint and settings (or a dict: the profile's distill_llm)", "cli": False})
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "the filter's settings (or a dict of them: the profile's distill_filter)", "cli": False})
 
     def __post_init__(self):
-        check_fields(self, ints={"tasks_per_suite": 1, "workers": 1}, numbers={"world_scale": "(0, 100]"})
+        check_fields(self, ints={"tasks_per_suite": 1, "workers": 1, "max_tasks": 0}, numbers={"world_scale": "(0, 100]"})
         if not self.suites: raise ValueError("suites must name at least one suite")
         if self.system_style not in SYSTEM_STYLES: raise ValueError(f"system_style must be one of {SYSTEM_STYLES}, got {self.system_style!r}")
+        if self.brain not in BRAINS: raise ValueError(f"brain must be one of {BRAINS}, got {self.brain!r}")
+        if self.tasks_split not in ("", *SPLITS): raise ValueError(f"tasks_split must be one of {SPLITS} (or empty: all), got {self.tasks_split!r}")
         for s, n in self.suite_tasks.items():
             if s not in self.suites or isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"suite_tasks: {s!r}: {n!r} should be a whole number >= 1 for one of the suites {self.suites}")
-        for name, cls in (("teacher", TeacherConfig), ("filter", FilterConfig)):  # a dict of fields (the profile's distill_teacher, distill_filter)
-            v = getattr(self, name)
+        for name, cls in (("teacher", TeacherConfig), ("llm", LLMTeacherConfig), ("toolbox", ToolboxConfig), ("filter", FilterConfig)):
+            v = getattr(self, name)  # a dict of fields (the profile's distill_teacher, distill_llm, distill_toolbox, distill_filter)
             if isinstance(v, dict): setattr(self, name, _config_from(cls, v, name))
             elif not isinstance(v, cls): raise ValueError(f"{name} must be a {cls.__name__} or a dict of its fields, got {v!r}")
+
+    def load_tasks(self) -> list[Task]:
+        "The tasks to distil: `tasks` (a file, a saved dataset or a benchmark) or the `sft` split of the suites."
+        common = {"scale": self.world_scale, "seed": self.seed}
+        if not self.tasks:
+            return [t for s in self.suites for t in load_benchmark(s, split="sft", common={**common, "sizes": {"sft": self.suite_tasks.get(s, self.tasks_per_suite)}})]
+        as_file = Path(self.tasks).exists() or self.tasks.lower().endswith(DATA_SUFFIXES) or os.sep in self.tasks
+        if not as_file and self.tasks not in benchmarks():
+            raise ValueError(f"tasks {self.tasks!r}: no such file or folder, nor a registered benchmark ({', '.join(sorted(benchmarks()))})")
+        tasks = read_tasks(self.tasks) if as_file else load_benchmark(self.tasks, common=common)
+        if self.tasks_split and not (tasks := [t for t in tasks if t.split == self.tasks_split]):
+            raise ValueError(f"tasks {self.tasks}: no {self.tasks_split!r} tasks")
+        return tasks[: self.max_tasks or None]
+
+    def make_brain(self):
+        "The teacher this config names: the offline teacher with its habits, or the LLM behind `llm`'s endpoint."
+        return OfflineTeacher(self.teacher) if self.brain == "offline" else LLMBrain.from_config(self.llm)
 
 
 def _config_from(cls: type, values: dict, name: str):
@@ -277,17 +354,24 @@ def _config_from(cls: type, values: dict, name: str):
     if unknown := sorted(set(values) - known): raise ValueError(f"{name}: unknown field(s) {unknown}; known: {sorted(known)}")
     return cls(**{k: check_value(cls, k, v, f"{name}.{k}") for k, v in values.items()})
 
-
+# %% ../nbs/05_distill.ipynb #a7b0c003
 def distill(out: Path | str, cfg: DistillConfig | None = None, brain=None, box: Toolbox | None = None,
             progress: bool = True) -> dict[str, Any]:
-    "Build the SFT set into `out` (resuming any earlier run there); returns the run's figures."
+    """Build the SFT set into `out` (resuming any earlier run there); returns the run's figures. The tasks are read, the
+    teacher's endpoint is asked once and the tools' sources are checked before any task starts."""
     cfg, out = cfg or DistillConfig(), Path(out)
     t0 = time.perf_counter()
-    tasks = [t for s in cfg.suites
-             for t in load_benchmark(s, split="sft", scale=cfg.world_scale, seed=cfg.seed, sizes={"sft": cfg.suite_tasks.get(s, cfg.tasks_per_suite)})]
-    box = box or world_toolbox(cfg.tools, cfg.world_scale, cfg.seed)
-    mas = MultiAgentSystem(brain or OfflineTeacher(cfg.teacher), box)
-    runs = generate_runs(tasks, mas, out / "runs.jsonl", cfg.workers, progress)
+    tasks = cfg.load_tasks()
+    if cfg.filter.require_correct and (web := next((t for t in tasks if t.kind == "web"), None)) and default_judge() is None:
+        raise ValueError(f"task {web.id!r} is a web task: the quality filter grades its answers with the LLM judge, and none is "
+                         "configured: set AFM_JUDGE_BASE_URL (and AFM_JUDGE_MODEL, AFM_JUDGE_API_KEY), or pass --no_require_correct")
+    brain = brain or cfg.make_brain()
+    if isinstance(getattr(brain, "backend", None), ChatBackend): check_backend(brain.backend, f"the teacher ({brain.name})")
+    if box is None:
+        world = any(t.source in GENERATED_SUITES for t in tasks)  # the world's questions need its pages
+        box = cfg.toolbox.toolbox(cfg.tools, world_documents(cfg.world_scale, cfg.seed) if world else ())
+    mas = MultiAgentSystem(brain, box)
+    runs = generate_runs(tasks, mas, out / "runs.jsonl", cfg.workers, progress, identity={"toolbox": asdict(cfg.toolbox)})
     answered = [(linearize(r, t), t) for r, t in zip(runs, tasks) if r.status == "answered"]
     kept, table = filter_trajectories(answered, cfg.filter)
     table.insert(0, {"stage": "teacher runs", "in": len(tasks), "kept": len(answered), "dropped": len(tasks) - len(answered),
@@ -312,12 +396,14 @@ def _stats(tasks, runs, answered, table, ds, cfg: DistillConfig) -> dict[str, An
             "teacher_mean_activations_per_task": round(sum(t["activations"] for t in totals) / n, 2)}
 
 # %% ../nbs/05_distill.ipynb #81494b63
+def _cli_values(config) -> dict[str, Any]: return {f.name: getattr(config, f.name) for f in fields(config) if f.metadata.get("cli", True)}
+
+
 def cli_distill(argv: list[str] | None = None) -> int:
-    "`afm distill`: run the teacher on the generated suites' sft split and build the SFT set."
-    p, pre = stage_parser("afm distill", cli_distill.__doc__, DistillConfig, TeacherConfig, FilterConfig, options={
-        "--out": {"help": "output folder (default: <repo>/data/distill/<profile>)"},
-        "--brain": {"choices": ("offline", "openai"), "default": "offline",
-                    "help": "offline: the privileged offline teacher; openai: the endpoint(s) in AFM_TEACHER_BASE_URL"}})
+    "`afm distill`: run the teacher on tasks (the generated suites' sft split, or yours with --tasks) and build the SFT set."
+    configs = (DistillConfig, TeacherConfig, LLMTeacherConfig, ToolboxConfig, FilterConfig)
+    p, pre = stage_parser("afm distill", cli_distill.__doc__, *configs, options={
+        "--out": {"help": "output folder (default: <repo>/data/distill/<profile>)"}})
     try:
         _, prof, where = stage_profile(pre, argv)
         base = profile_config(DistillConfig, prof, "distill_", where=where,
@@ -325,19 +411,12 @@ def cli_distill(argv: list[str] | None = None) -> int:
                               seed=check_value(DistillConfig, "seed", prof.get("seed", 0), f"{where}: seed"),
                               tools=tool_sizes(prof, where),
                               system_style=check_value(DistillConfig, "system_style", prof.get("system_style", "full"), f"{where}: system_style"))
-        cfg, teacher, filt, a = parse_configs(p, argv, DistillConfig, TeacherConfig, FilterConfig,
-                                              defaults={**asdict(base), **asdict(base.teacher), **asdict(base.filter)})
-        cfg.teacher, cfg.filter, cfg.tools, cfg.suite_tasks = teacher, filt, base.tools, base.suite_tasks
-        brain = None
-        if a.brain == "openai":
-            from afm.llm import LLMClient
-            from afm.mas import LLMBrain
-            client = LLMClient.from_env("AFM_TEACHER")
-            if client is None: raise ValueError("--brain openai needs AFM_TEACHER_BASE_URL (and AFM_TEACHER_MODEL, AFM_TEACHER_API_KEY)")
-            brain = LLMBrain(client)
+        defaults = {k: v for c in (base, base.teacher, base.llm, base.toolbox, base.filter) for k, v in _cli_values(c).items()}
+        cfg, teacher, llm, toolbox, filt, a = parse_configs(p, argv, *configs, defaults=defaults)
+        cfg.teacher, cfg.llm, cfg.toolbox, cfg.filter, cfg.tools, cfg.suite_tasks = teacher, llm, toolbox, filt, base.tools, base.suite_tasks
         out = Path(a.out) if a.out else data_dir("distill", a.profile)
-        stats = distill(out, cfg, brain)
-    except Exception as e:  # the message names what failed: a profile, an endpoint after its retries, a broken tool
+        stats = distill(out, cfg)
+    except Exception as e:  # the message names what failed: a profile, a tasks file, an endpoint, a corpus, a broken tool
         print(f"afm distill: {type(e).__name__}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 1
     print(json.dumps(stats, indent=1))

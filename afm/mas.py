@@ -5,6 +5,7 @@
 # %% ../nbs/04_mas.ipynb #deadb9f8
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
@@ -12,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from .llm import ChatBackend, Completion, count_tokens
+from .core import check_fields
+from .llm import TEMPERATURE, BackendError, ChatBackend, Completion, Endpoint, LLMClient, count_tokens
 from .tasks import Task
 from .tools import ToolRegistry, Toolbox
 from .world import gold_answer
@@ -20,7 +22,7 @@ from .world import gold_answer
 # %% auto #0
 __all__ = ['AGENTS', 'ROLE_PROMPTS', 'Entry', 'Memory', 'Activation', 'MASRun', 'AgentCall', 'Brain', 'agent_tools',
            'role_prompt', 'agent_messages', 'parse_decision', 'parse_output', 'MultiAgentSystem', 'LLMBrain',
-           'TeacherConfig', 'gsm_program', 'OfflineTeacher']
+           'LLMTeacherConfig', 'check_backend', 'TeacherConfig', 'gsm_program', 'OfflineTeacher']
 
 # %% ../nbs/04_mas.ipynb #39a8fb22
 AGENTS = ("orchestrator", "planner", "search", "code", "reflection", "verifier", "answer")
@@ -232,6 +234,40 @@ class LLMBrain:
     def act(self, call: AgentCall) -> Completion:
         "Send the agent's messages to the backend."
         return self.backend.complete(call.messages, max_tokens=self.max_tokens, temperature=self.temperature)
+
+    @classmethod
+    def from_config(cls, cfg: LLMTeacherConfig) -> LLMBrain:
+        "The brain of an LLM teacher: the endpoint(s) of `cfg` (or `$AFM_TEACHER_*`) asked with its settings."
+        return cls(cfg.client(), cfg.max_tokens, cfg.temperature)
+
+
+@dataclass
+class LLMTeacherConfig:
+    "An LLM teacher: the OpenAI-compatible endpoint(s) answering every agent call, and how they are asked. The key is `$AFM_TEACHER_API_KEY`."
+    base_url: str = field(default="", metadata={"help": "the LLM teacher's endpoint(s), comma-separated (default: $AFM_TEACHER_BASE_URL)"})
+    model: str = field(default="", metadata={"help": "the LLM teacher's model name (default: $AFM_TEACHER_MODEL, else 'default')"})
+    max_tokens: int = field(default=512, metadata={"help": "tokens one agent call of the LLM teacher may write"})
+    temperature: float = field(default=0.7, metadata={"help": "the LLM teacher's sampling temperature"})
+    timeout_s: float = field(default=60.0, metadata={"help": "seconds one request to the LLM teacher may take"})
+    concurrency: int = field(default=8, metadata={"help": "requests to the LLM teacher in flight at once, all endpoints together"})
+    retries: int = field(default=2, metadata={"help": "further attempts after a failed request to the LLM teacher"})
+
+    def __post_init__(self):
+        check_fields(self, ints={"max_tokens": 1, "concurrency": 1, "retries": 0}, numbers={"temperature": TEMPERATURE, "timeout_s": "(0, inf)"})
+
+    def client(self, env: str = "AFM_TEACHER") -> LLMClient:
+        "The client of the endpoint(s); a ValueError saying what to set when there is none or a URL is not http(s)."
+        urls = [u.strip() for u in (self.base_url or os.environ.get(f"{env}_BASE_URL", "")).split(",") if u.strip()]
+        if not urls: raise ValueError(f"the LLM teacher needs an endpoint: set --base_url (the profile's distill_llm) or {env}_BASE_URL")
+        if bad := [u for u in urls if not u.startswith(("http://", "https://"))]: raise ValueError(f"teacher endpoint {bad[0]!r} is not an http(s) URL")
+        model, key = self.model or os.environ.get(f"{env}_MODEL", "default"), os.environ.get(f"{env}_API_KEY", "")
+        return LLMClient([Endpoint(u, model, key, self.timeout_s) for u in urls], self.concurrency, self.retries)
+
+
+def check_backend(backend: ChatBackend, what: str = "the teacher") -> None:
+    "One short request before any long work: a ValueError naming `what` and the endpoint when it is down or answers no chat completion."
+    try: backend.complete([{"role": "user", "content": "Reply with OK."}], max_tokens=4, temperature=0.0)
+    except BackendError as e: raise ValueError(f"{what} does not answer: {e}") from None
 
 # %% ../nbs/04_mas.ipynb #a7a49468
 @dataclass

@@ -309,9 +309,22 @@ def retrieval_app(index: SearchIndex):
 class RetrievalClient:
     "A client of a `/retrieve` server; results come back as `Hit`s."
 
-    def __init__(self, url: str, timeout_s: float = 10.0):
-        import httpx
+    def __init__(self, url: str, timeout_s: float = 10.0, remember: int = 50_000):
+        import httpx, threading
+        from collections import OrderedDict
+        if not url.startswith(("http://", "https://")): raise ValueError(f"retrieval server {url!r} is not an http(s) URL")
         self.url, self._client = url.rstrip("/"), httpx.Client(timeout=timeout_s)
+        self._seen, self._remember = OrderedDict(), remember  # the documents results showed (newest last): what crawl_page may read
+        self._lock = threading.Lock()  # rollouts and teachers search from many threads
+
+    def check(self) -> None:
+        "One query before any long work: a ValueError naming the server when it is down or does not speak `/retrieve`."
+        try: self.search_batch(["health check"], 1)
+        except ToolError as e: raise ValueError(f"{e} (is it running? `afm serve search` starts one)") from None
+
+    def get(self, url: str) -> Document | None:
+        "A document an earlier result of this client showed, by URL (any spelling `normalize_url` accepts), or None."
+        with self._lock: return self._seen.get(normalize_url(url))
 
     def search_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
         "The top-`k` hits for each query, from the server."
@@ -323,13 +336,22 @@ class RetrievalClient:
         except httpx.TimeoutException: raise ToolTimeout(f"retrieval server {self.url} timed out") from None
         except (httpx.HTTPError, KeyError, ValueError) as e: raise ToolError(f"retrieval server {self.url}: {type(e).__name__}: {e}") from None
         out = []
-        for row in result:
-            hits = []
-            for item in row:
-                d = item["document"]
-                title, _, text = d["contents"].partition("\n")
-                hits.append(Hit(Document(d.get("url") or d["id"], d.get("title") or title.strip('"'), text, "retriever"), float(item.get("score", 0))))
-            out.append(hits)
+        try:
+            for row in result:
+                hits = []
+                for item in row:
+                    d = item["document"]
+                    title, _, text = d["contents"].partition("\n")
+                    hits.append(Hit(Document(d.get("url") or d["id"], d.get("title") or title.strip('"'), text, "retriever"), float(item.get("score", 0))))
+                out.append(hits)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ToolError(f"retrieval server {self.url}: not a /retrieve answer ({type(e).__name__}: {e})") from None
+        with self._lock:
+            for h in (h for hits in out for h in hits):
+                try: key = normalize_url(h.doc.url)
+                except ValueError: continue  # an id that no URL spelling fits: crawl_page could not ask for it anyway
+                self._seen[key] = h.doc; self._seen.move_to_end(key)
+            while len(self._seen) > self._remember: self._seen.popitem(last=False)
         return out
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
@@ -349,11 +371,18 @@ class SearchConfig:
     wiki_chars: int = field(default=600, metadata={"help": "text length of a wiki document"})
     serper: SerperSearch | None = field(default=None, metadata={"help": "Google through Serper, used when the toolbox is online"})
     retriever: RetrievalClient | None = field(default=None, metadata={"help": "a `/retrieve` server for wiki_search"})
+    web_retriever: bool = field(default=False, metadata={"help": "web_search asks the retrieval server too, instead of the local index"})
 
     def search_index(self) -> SearchIndex:
         "The local index (building the default one on first use)."
         if self.index is None: self.index = default_index()
         return self.index
+
+    def page(self, url: str) -> Document | None:
+        """The document stored under `url`: in the local index, else among those the retrieval server's results showed. With a
+        retrieval server and no index given, no default index is built: the server's documents are the store."""
+        doc = self.search_index().get(url) if self.index is not None or self.retriever is None else None
+        return doc or (self.retriever.get(url) if self.retriever else None)
 
 
 def _query(text: str) -> str:
@@ -368,9 +397,11 @@ _SEARCH_TOOL = dict(normalize=normalize_query, dedup=True, sets_goal=True, task_
 
 @tool("web_search", "search the web; the input is a query. Returns the top results with title, url and snippet.", **_SEARCH_TOOL)
 def web_search(text: str, ctx: ToolContext) -> str:
-    "Search with Serper when online and configured, else the local index."
+    "Search with Serper when online and configured, else the retrieval server when `web_retriever`, else the local index."
     query, cfg = _query(text), ctx.config(SearchConfig)
-    hits = cfg.serper.search(query, cfg.web_k) if ctx.box.online and cfg.serper else cfg.search_index().search(query, cfg.web_k)
+    if ctx.box.online and cfg.serper: hits = cfg.serper.search(query, cfg.web_k)
+    elif cfg.web_retriever and cfg.retriever: hits = cfg.retriever.search(query, cfg.web_k)
+    else: hits = cfg.search_index().search(query, cfg.web_k)
     return format_web_results(query, hits, cfg.snippet_chars)
 
 
@@ -432,16 +463,19 @@ def cli_serve(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="afm serve search", description=cli_serve.__doc__)
     p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--corpus", help="extra documents, JSONL with url/title/text")
+    p.add_argument("--no-wiki", action="store_true", help="serve only --corpus, without the bundled Wikipedia summaries")
     p.add_argument("--index", help="a saved index folder to serve instead")
+    p.add_argument("--log-level", default="warning", choices=("warning", "info"), help="info: one access-log line per request")
     a = p.parse_args(argv)
     fail = lambda msg, code=1: print(f"afm serve search: {msg}", file=sys.stderr) or code
     if not 0 <= a.port <= 65535: return fail(f"--port must be from 0 to 65535, got {a.port}", 2)
-    try: index = SearchIndex.load(a.index) if a.index else default_index(user_corpus=a.corpus)
+    if a.no_wiki and not a.corpus and not a.index: return fail("--no-wiki needs --corpus (there would be nothing to serve)", 2)
+    try: index = SearchIndex.load(a.index) if a.index else default_index(user_corpus=a.corpus, wiki=not a.no_wiki)
     except (OSError, ValueError) as e: return fail(f"{type(e).__name__}: {e}")
     sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET)
     try: sock.bind((a.host, a.port))
     except OSError as e: sock.close(); return fail(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}")
     port = sock.getsockname()[1]  # the real one, also when --port 0 asked for any
     print(f"serving {len(index)} documents on http://{a.host}:{port}/retrieve", flush=True)
-    uvicorn.Server(uvicorn.Config(retrieval_app(index), log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(retrieval_app(index), log_level=a.log_level)).run(sockets=[sock])
     return 0

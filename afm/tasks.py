@@ -11,6 +11,7 @@ import logging
 import re
 import reprlib
 import threading
+from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'TASK_KINDS', 'SPLITS', 'TEST_STYLES', 'BENCHMARKS', 'Task', 'is_text', 'check_task_fields', 'tasks_to_dataset',
            'tasks_from_dataset', 'write_jsonl', 'read_jsonl', 'register_benchmark', 'benchmarks', 'load_benchmark',
-           'row_field', 'question_id', 'json_value']
+           'read_tasks', 'row_field', 'question_id', 'json_value']
 
 # %% ../nbs/03_tasks.ipynb #00b39550
 TASK_KINDS = ("qa", "web", "math", "code")   # grading dispatches on kind
@@ -184,16 +185,46 @@ def benchmarks() -> dict[str, Callable[..., list[Task]]]:
     return BENCHMARKS
 
 
-def load_benchmark(name: str, split: str | None = None, **kwargs) -> list[Task]:
-    "The tasks of a registered benchmark or suite, optionally only those of one split; loader options pass through."
+def load_benchmark(name: str, split: str | None = None, common: dict[str, Any] | None = None, **kwargs) -> list[Task]:
+    """The tasks of a registered benchmark or suite, optionally only those of one split. `kwargs` pass through to the loader
+    (a wrong one is its TypeError); `common` options (a world's `scale`, `seed`, `sizes`) reach only loaders that take them."""
     if name not in BENCHMARKS: benchmarks()
     if name not in BENCHMARKS: raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
     if split is not None and split not in SPLITS: raise ValueError(f"split {split!r} is not one of {SPLITS}")
-    tasks = BENCHMARKS[name](**kwargs)
+    loader = BENCHMARKS[name]
+    tasks = loader(**{k: v for k, v in (common or {}).items() if _accepts(loader, k)}, **kwargs)
     if split is None: return tasks
     chosen = [t for t in tasks if t.split == split]
     if tasks and not chosen: raise ValueError(f"benchmark {name!r} has no {split!r} tasks; its splits: {sorted({t.split for t in tasks})}")
     return chosen
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    "Does `fn` take a keyword argument `name` (by name, or through `**kwargs`)?"
+    import inspect
+    try: params = inspect.signature(fn).parameters
+    except (TypeError, ValueError): return False  # no signature to read: pass only what the caller named
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def read_tasks(path: Path | str) -> list[Task]:
+    """Tasks from a file of rows in the task schema (JSONL, JSON, parquet) or a folder saved by `tasks_to_dataset(…).save_to_disk`;
+    a missing, empty or malformed source is a ValueError naming it (and the row and field)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
+            raise ValueError(f"{path}: a folder, but not one `datasets` saved (no dataset_info.json); give a JSONL file of tasks or a saved dataset")
+        import datasets
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict): raise ValueError(f"{path}: a DatasetDict ({', '.join(ds)}); give one of its folders")
+        missing = [k for k in ("id", "question", "answers", "kind", "source") if k not in ds.column_names]
+        if missing: raise ValueError(f"{path}: not a task dataset: missing column(s) {missing}; it has {ds.column_names}")
+        tasks = tasks_from_dataset(ds)
+    elif path.is_file(): tasks = [Task.from_dict(row, where=where) for where, row in read_rows(path)]
+    else: raise ValueError(f"{path}: no such tasks file or folder")
+    if not tasks: raise ValueError(f"{path}: holds no tasks")
+    if dup := sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)[:3]: raise ValueError(f"{path}: task ids repeat: {dup}")
+    return tasks
 
 
 def row_field(row: dict, where: str, *names: str) -> Any:

@@ -299,3 +299,23 @@ def test_llm_teacher_reaches_a_correct_answer_over_http():
     finally:
         llm.server.should_exit = True
     assert set(llm.roles) == {"orchestrator", "planner", "search", "reflection", "verifier", "answer"}
+
+
+def test_the_llm_teachers_settings_reach_its_endpoint(scripted, monkeypatch):
+    """`LLMTeacherConfig` (what `afm distill --brain openai` and a profile's `distill_llm` set): the concurrency bounds the
+    requests in flight, the timeout bounds one request, and the URL, model and key come from the config or `AFM_TEACHER_*`."""
+    from afm.mas import AgentCall, LLMBrain, LLMTeacherConfig, Memory, check_backend
+    server = scripted("ok", delay_s=0.2)
+    brain = LLMBrain.from_config(LLMTeacherConfig(base_url=server.url, model="m", max_tokens=32, temperature=0.2, concurrency=2))
+    call = AgentCall("planner", CHAT, Memory("q"), None)
+    with ThreadPoolExecutor(8) as ex: out = list(ex.map(lambda _: brain.act(call).text, range(8)))
+    assert out == ["echo 2"] * 8 and server.max_in_flight == 2 and (brain.max_tokens, brain.temperature) == (32, 0.2)
+    slow = scripted("slow")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"the teacher does not answer: .*timed out after 0\.3 s"):
+        check_backend(LLMBrain.from_config(LLMTeacherConfig(base_url=slow.url, timeout_s=0.3, retries=0)).backend)
+    assert time.perf_counter() - t0 < 1.5
+    monkeypatch.setenv("AFM_TEACHER_BASE_URL", server.url); monkeypatch.setenv("AFM_TEACHER_MODEL", "from-env")
+    assert LLMBrain.from_config(LLMTeacherConfig()).name == "llm:openai:from-env"
+    monkeypatch.delenv("AFM_TEACHER_BASE_URL")
+    with pytest.raises(ValueError, match="needs an endpoint: set --base_url .* or AFM_TEACHER_BASE_URL"): LLMTeacherConfig().client()

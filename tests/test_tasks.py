@@ -65,17 +65,20 @@ def test_grade_is_total_and_bounded(prediction):
     with mock.patch.dict(os.environ), mock.patch.object(verifier, "timeout_s", 2.0):
         os.environ.pop("AFM_JUDGE_BASE_URL", None)
         for task in _hostile_suite():
+            if task.kind == "web":  # no judge: refused, whatever the prediction, never graded by exact match
+                with pytest.raises(grading.NoJudgeError, match="AFM_JUDGE_BASE_URL"): grading.grade(task, prediction)
+                continue
             score = grading.grade(task, prediction)
             assert 0.0 <= score <= 1.0, (task.id, prediction[:50], score)
 
 
 def test_grade_is_total_from_many_threads():
-    suite = _hostile_suite()
+    suite = [t for t in _hostile_suite() if t.kind != "web"]  # a web task needs the judge: tested below
     jobs = [(t, p) for t in suite for p in TRICKY[:12]]
     with mock.patch.object(grading.math_verifier(), "timeout_s", 2.0), ThreadPoolExecutor(4) as pool:
         scores = list(pool.map(lambda j: grading.grade(*j), jobs))
     assert all(0.0 <= s <= 1.0 for s in scores)
-    assert grading.grade(suite[2], "\\boxed{0.5}") == 1.0 and grading.grade(suite[4], "print(input())") == 1.0
+    assert grading.grade(suite[1], "\\boxed{0.5}") == 1.0 and grading.grade(suite[3], "print(input())") == 1.0
 
 
 # ------------------------------------------------------------------------------------------------------- hub loaders
@@ -98,7 +101,7 @@ for name in {names!r}:
     except Exception as e: out.append([name, type(e).__name__, str(e), time.perf_counter() - t0])
 print(json.dumps(out))
 """
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AFM_DATA": str(tmp_path)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AFM_DATA": str(tmp_path), "AFM_DOWNLOAD": "1"}
     start = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, cwd=HERE)
     assert r.returncode == 0, r.stderr
@@ -115,7 +118,22 @@ print(json.dumps(out))
         for f in source.files: assert f in message, message
 
 
+def test_no_dataset_is_downloaded_without_AFM_DOWNLOAD(tmp_path, monkeypatch):
+    "The one download policy: without AFM_DOWNLOAD=1 a hub loader refuses in one line, before asking the hub anything."
+    for flag in ("AFM_DOWNLOAD", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"): monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # were it asked, the hub would not answer within the second allowed
+    monkeypatch.setenv("AFM_DATA", str(tmp_path))
+    for name in ("hotpotqa", "gaia", "afm-mhqa-rl", "livecodebench-v5"):
+        start = time.perf_counter()
+        with pytest.raises(FileNotFoundError) as e: tasks.load_benchmark(name)
+        message = str(e.value)
+        assert message.startswith(f"{name}: no local data in {tmp_path / _folder(name)}/") and "\n" not in message, message
+        assert "AFM_DOWNLOAD=1" in message and "$AFM_DATA" in message and "path=" in message, message
+        assert benchmarks.PAPER_SOURCES[_folder(name)].hub_id in message and time.perf_counter() - start < 1, message
+
+
 def test_datasets_offline_flag_counts_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("AFM_DOWNLOAD", "1")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("AFM_DATA", str(tmp_path))
@@ -126,6 +144,7 @@ def test_datasets_offline_flag_counts_too(tmp_path, monkeypatch):
 def test_an_unreachable_hub_counts_as_offline(tmp_path, monkeypatch):
     "No offline flag, but the hub endpoint (a closed port on the loopback) refuses: the loader still fails at once."
     for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"): monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setenv("AFM_DOWNLOAD", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("AFM_DATA", str(tmp_path))
     start = time.perf_counter()
@@ -236,7 +255,8 @@ def test_grade_uses_the_configured_judge(server, monkeypatch):
     assert grading.grade(_web("Capital of France? [configured]"), "PARIS!") == 1.0
     assert server.count("[configured]") == before + 1
     monkeypatch.delenv("AFM_JUDGE_BASE_URL")
-    assert grading.grade(_web("Capital of France? [configured]"), "Paris, France") == 0.0     # exact match, no request
+    with pytest.raises(grading.NoJudgeError, match="AFM_JUDGE_BASE_URL"):     # no judge: refused, never exact match
+        grading.grade(_web("Capital of France? [configured]"), "Paris")
     assert server.count("[configured]") == before + 1
 
 
