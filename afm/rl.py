@@ -152,7 +152,8 @@ class AgenticRollout:
             self.tasks[t.id] = t
         self.pool = sorted(self.tasks)
         self.toolbox, self.config, self.args = toolbox or Toolbox(), config or RolloutConfig(), args or RLArgs()
-        self.judge, self.runner = judge, runner
+        from afm.grading import require_judge
+        self.judge, self.runner = require_judge(list(self.tasks.values()), judge), runner  # web tasks: a judge, or refused before training
         self._engine: tuple[Any, Engine] | None = None
         self._ready: tuple[list[str], list[dict]] | None = None  # what `fill` rolled out for the step, handed to TRL next
 
