@@ -159,6 +159,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'afm.distill.FilterConfig.tools': ('distill.html#filterconfig.tools', 'afm/distill.py'),
                              'afm.distill.ToolboxConfig': ('distill.html#toolboxconfig', 'afm/distill.py'),
                              'afm.distill.ToolboxConfig.__post_init__': ('distill.html#toolboxconfig.__post_init__', 'afm/distill.py'),
+                             'afm.distill.ToolboxConfig.check': ('distill.html#toolboxconfig.check', 'afm/distill.py'),
                              'afm.distill.ToolboxConfig.toolbox': ('distill.html#toolboxconfig.toolbox', 'afm/distill.py'),
                              'afm.distill._cli_values': ('distill.html#_cli_values', 'afm/distill.py'),
                              'afm.distill._config_from': ('distill.html#_config_from', 'afm/distill.py'),

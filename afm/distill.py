@@ -268,14 +268,19 @@ class ToolboxConfig:
             if (v := getattr(self, k)) and not v.startswith(("http://", "https://")): raise ValueError(f"{k} {v!r} is not an http(s) URL")
         if self.web_retriever and not self.retriever_url: raise ValueError("web_retriever needs retriever_url (the server web_search asks)")
 
+    def check(self) -> None:
+        "What can be checked without asking anyone: the corpus file is there, a Serper key is set when online."
+        if self.corpus and not Path(self.corpus).is_file(): raise FileNotFoundError(f"corpus {self.corpus}: no such file (a JSONL of url/title/text documents)")
+        if self.online and not os.environ.get("SERPER_API_KEY"): raise ValueError("online: web_search asks Serper, and SERPER_API_KEY is not set")
+
     def toolbox(self, sizes: ToolSizes | None = None, extra: Sequence = ()) -> Toolbox:
         """The toolbox, its results of `sizes`, over an index of `extra` documents (and the corpus, and the Wikipedia summaries).
         Each configured source is checked before the index is built: a missing corpus, a missing Serper key, a retrieval
         server or summariser that does not answer is a one-line error."""
         from afm.crawl import CrawlConfig
         from afm.search import RetrievalClient, SearchConfig, SerperSearch, default_index
-        if self.corpus and not Path(self.corpus).is_file(): raise FileNotFoundError(f"corpus {self.corpus}: no such file (a JSONL of url/title/text documents)")
-        serper = SerperSearch() if self.online else None  # no key: a ValueError naming SERPER_API_KEY
+        self.check()
+        serper = SerperSearch() if self.online else None
         retriever = RetrievalClient(self.retriever_url) if self.retriever_url else None
         if retriever: retriever.check()
         summarizer = None
@@ -361,12 +366,13 @@ def distill(out: Path | str, cfg: DistillConfig | None = None, brain=None, box: 
     teacher's endpoint is asked once and the tools' sources are checked before any task starts."""
     cfg, out = cfg or DistillConfig(), Path(out)
     t0 = time.perf_counter()
+    brain = brain or cfg.make_brain()  # the cheap checks first: an endpoint that is not set, or does not answer
+    if isinstance(getattr(brain, "backend", None), ChatBackend): check_backend(brain.backend, f"the teacher ({brain.name})")
+    if box is None: cfg.toolbox.check()
     tasks = cfg.load_tasks()
     if cfg.filter.require_correct and (web := next((t for t in tasks if t.kind == "web"), None)) and default_judge() is None:
         raise ValueError(f"task {web.id!r} is a web task: the quality filter grades its answers with the LLM judge, and none is "
                          "configured: set AFM_JUDGE_BASE_URL (and AFM_JUDGE_MODEL, AFM_JUDGE_API_KEY), or pass --no_require_correct")
-    brain = brain or cfg.make_brain()
-    if isinstance(getattr(brain, "backend", None), ChatBackend): check_backend(brain.backend, f"the teacher ({brain.name})")
     if box is None:
         world = any(t.source in GENERATED_SUITES for t in tasks)  # the world's questions need its pages
         box = cfg.toolbox.toolbox(cfg.tools, world_documents(cfg.world_scale, cfg.seed) if world else ())

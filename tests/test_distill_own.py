@@ -153,6 +153,31 @@ def test_the_offline_teacher_distils_our_tasks_from_our_corpus_indexed_locally(o
     assert json.loads((out / "runs.teacher.json").read_text())["toolbox"]["corpus"] == str(own / "docs.jsonl")
 
 
+def test_an_llm_summarises_the_pages_read(own, tmp_path, capsys):
+    """`--summarizer_url`: crawl_page's summaries come from an OpenAI-compatible endpoint (here one that restates the page),
+    asked once up front and then once per page read."""
+    from fastapi import FastAPI, Request
+    from afm.llm import serve_in_thread
+    asked, app = [], FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def summarise(request: Request):
+        body = await request.json()
+        asked.append(body["model"])
+        page = body["messages"][-1]["content"].split("Page content:\n", 1)[-1].split("\n\nSummarise", 1)[0]
+        return {"choices": [{"message": {"role": "assistant", "content": f"In short: {page}"}, "finish_reason": "stop"}]}
+
+    server, url = serve_in_thread(app)
+    out = tmp_path / "summarised"
+    try: code = cli_distill(["--profile", "own", "--settings", str(own / "settings.ini"), "--tasks", str(own / "tasks.jsonl"), "--out", str(out),
+                             "--corpus", str(own / "docs.jsonl"), "--no_wiki", "--summarizer_url", url, "--summarizer_model", "summariser"])
+    finally: server.should_exit = True
+    assert code == 0, capsys.readouterr().err
+    reads = [a for run in read_runs(out / "runs.jsonl") for a in run.activations if a.tag == "crawl_page"]
+    assert len(reads) == len(FACTS) and all("Summary: In short: " in a.observation for a in reads)
+    assert asked == ["summariser"] * (1 + len(FACTS)) and consistent(out)["dataset_rows"] >= 1
+
+
 def test_a_registered_benchmark_takes_only_the_options_it_has(own, tmp_path, monkeypatch, capsys):
     """`--tasks afm-mhqa-sft` (a released-data loader with no world to scale): the world's options do not reach it, its rows
     become tasks; the offline teacher skips them (no gold path) and says so."""
@@ -190,7 +215,7 @@ def test_bad_input_is_one_line_before_any_work(own, tmp_path, garbage, capsys, m
     """A tasks file of the wrong shape, a teacher that is down or answers garbage, a missing corpus, a retrieval server that
     is down, web tasks with no judge to grade them: one line naming it, within seconds, and no run recorded."""
     dead = _dead_url()
-    monkeypatch.delenv("AFM_JUDGE_BASE_URL", raising=False)
+    for var in ("AFM_JUDGE_BASE_URL", "SERPER_API_KEY"): monkeypatch.delenv(var, raising=False)
     write_jsonl([Task("web/1", "Which page says so?", ["this one"], "web", "mine")], tmp_path / "web.jsonl")
     cases = [(["--tasks", str(own / "docs.jsonl")], "docs.jsonl:1: unknown field(s) ['text', 'title', 'url']"),
              (["--tasks", str(own / "missing.jsonl")], "missing.jsonl: no such tasks file"),
@@ -199,6 +224,8 @@ def test_bad_input_is_one_line_before_any_work(own, tmp_path, garbage, capsys, m
              (["--corpus", str(own / "nowhere.jsonl")], f"corpus {own / 'nowhere.jsonl'}: no such file"),
              (["--retriever_url", dead, "--no_wiki"], f"retrieval server {dead}: ConnectError"),
              (["--retriever_url", "localhost:8000"], "retriever_url 'localhost:8000' is not an http(s) URL"),
+             (["--online"], "online: web_search asks Serper, and SERPER_API_KEY is not set"),
+             (["--summarizer_url", dead], f"the page summariser at {dead} does not answer"),
              (["--tasks", str(tmp_path / "web.jsonl")], "task 'web/1' is a web task: the quality filter grades its answers with the LLM judge")]
     for args, says in cases:
         out = tmp_path / "bad"
