@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from huggingface_hub import try_to_load_from_cache
 
 AFM = str(Path(sys.executable).with_name("afm"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
@@ -74,6 +75,7 @@ def test_serves_bfloat16_on_the_chosen_device_to_the_openai_client(tiny_folder):
 
 
 VLLM = importlib.util.find_spec("vllm") is not None
+QWEN_HERE = os.environ.get("AFM_DOWNLOAD") == "1" or isinstance(try_to_load_from_cache("Qwen/Qwen2.5-7B-Instruct", "config.json"), str)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -90,6 +92,8 @@ VLLM = importlib.util.find_spec("vllm") is not None
                  'an NVIDIA GPU: pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
     pytest.param(["--profile", "paper-web-7b"], "engine vllm: vLLM is not installed",  # the profile's `engine` key, honoured
                  marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
+    pytest.param(["--profile", "paper-web-7b", "--engine", "hf", "--device", "cpu"], "model Qwen/Qwen2.5-7B-Instruct is not on this machine",
+                 marks=pytest.mark.skipif(QWEN_HERE, reason="Qwen2.5-7B-Instruct is here, or may be downloaded")),  # the profile's model
 ])
 def test_bad_input_is_one_clear_line(args, says):
     t0 = time.monotonic()
