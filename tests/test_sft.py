@@ -265,3 +265,24 @@ def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
     assert done["skipped"] == {"no answer": 1} and done["rows"] == 12
     card = (tmp_path / "out" / "sft" / "model" / "README.md").read_text()
     assert f"| source | {path} |" in card and f"| sha256 | {done['data']['sha256']} |" in card and "| rows | 13 |" in card
+
+
+def test_the_paper_scale_options_do_what_they_say(setup, tmp_path):
+    """gradient_checkpointing recomputes without changing the losses; report_to writes TensorBoard's log; save_total_limit keeps
+    the newest checkpoints; checkpoints of save_only_model hold no optimiser state, and a run cut short on them is refused, not resumed."""
+    import shutil
+    from afm.sft import train_sft
+    plain = train_sft(setup / "rows.jsonl", tmp_path / "plain", _args(setup, max_steps=4, save_steps=1), progress=False)
+    out = tmp_path / "paper"
+    done = train_sft(setup / "rows.jsonl", out, _args(setup, max_steps=4, save_steps=1, gradient_checkpointing=True, report_to="tensorboard",
+                                                      save_total_limit=2), progress=False)
+    a, b = _losses(out), _losses(tmp_path / "plain")
+    assert done["steps"] == plain["steps"] == 4 and all(abs(a[s] - b[s]) < 1e-5 * max(1.0, b[s]) for s in b), (a, b)
+    assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    assert list((out / "checkpoints" / "runs").rglob("events.out.tfevents.*"))
+    light = tmp_path / "light"
+    train_sft(setup / "rows.jsonl", light, _args(setup, save_only_model=True), progress=False)
+    assert (light / "checkpoints" / "checkpoint-2" / "model.safetensors").is_file() and not (light / "checkpoints" / "checkpoint-2" / "optimizer.pt").exists()
+    shutil.rmtree(light / "model"); (light / "sft.json").unlink()  # what a run killed after its last checkpoint leaves
+    with pytest.raises(ValueError, match="its checkpoints hold weights only .* cannot resume; delete"):
+        train_sft(setup / "rows.jsonl", light, _args(setup, save_only_model=True), progress=False)
