@@ -249,6 +249,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.evaluate._question_scores': ('evaluate.html#_question_scores', 'afm/evaluate.py'),
                               'afm.evaluate._row': ('evaluate.html#_row', 'afm/evaluate.py'),
                               'afm.evaluate._served_tokenizer': ('evaluate.html#_served_tokenizer', 'afm/evaluate.py'),
+                              'afm.evaluate._toolbox': ('evaluate.html#_toolbox', 'afm/evaluate.py'),
                               'afm.evaluate.best_of_n': ('evaluate.html#best_of_n', 'afm/evaluate.py'),
                               'afm.evaluate.bootstrap_ci': ('evaluate.html#bootstrap_ci', 'afm/evaluate.py'),
                               'afm.evaluate.by_task': ('evaluate.html#by_task', 'afm/evaluate.py'),
