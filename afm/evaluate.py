@@ -328,6 +328,14 @@ def _eval_parser():
     p.add_argument("--dtype", default="auto", help=f"{', '.join(DTYPES)} (auto: float32 on a CPU, bfloat16 on a GPU; vLLM: the checkpoint's)")
     p.add_argument("--out", default=None, help="the records file (JSONL; its key beside it)")
     p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (`afm serve model`, `vllm serve`)")
+    tools = p.add_argument_group("tools (default: the generated world's pages and the Wikipedia summaries, locally)",
+                                 "any of these: the tools of `afm distill` (afm.distill.ToolboxConfig), for web benchmarks")
+    tools.add_argument("--online", action="store_true", help="web_search asks Google through Serper ($SERPER_API_KEY); crawl_page fetches pages")
+    tools.add_argument("--corpus", default="", help="a JSONL of your documents (url, title, text), indexed with the Wikipedia summaries")
+    tools.add_argument("--retriever-url", default="", help="a Search-R1 /retrieve server (e.g. `afm serve search`) for wiki_search")
+    tools.add_argument("--web-retriever", action="store_true", help="web_search asks the retrieval server too")
+    tools.add_argument("--summarizer-url", default="", help="an OpenAI-compatible endpoint writing crawl_page's summaries (key: $AFM_LLM_API_KEY)")
+    tools.add_argument("--summarizer-model", default="", help="the summariser's model name (default: $AFM_LLM_MODEL)")
     p.add_argument("--batch", type=int, default=64, help="pairs evaluated and written together (default 64)")
     p.add_argument("--chance", default=None, help="a JSON file of suite -> chance rate for the table")
     p.add_argument("--fresh", action="store_true", help="records made otherwise in --out are replaced, not refused")
@@ -359,12 +367,23 @@ def _engine(model: str, endpoint: str | None, options: dict | None) -> Callable[
     return lambda: OpenAIEngine(url, model, tok, context=context)
 
 
+def _toolbox(a, tasks: Sequence[Task]) -> tuple[Toolbox, dict | None]:
+    "`afm eval`'s tools and, when they are not the world's, their settings (for the records' key): `afm.distill.ToolboxConfig`'s, checked now."
+    from afm.world import tool_sizes, world_documents, world_toolbox
+    given = {k: getattr(a, k) for k in ("online", "corpus", "retriever_url", "web_retriever", "summarizer_url", "summarizer_model")}
+    if not any(given.values()): return world_toolbox(tool_sizes(a.profile)), None
+    from afm.distill import ToolboxConfig
+    config = ToolboxConfig(**given)
+    world = world_documents() if any(t.source in GENERATED_SUITES for t in tasks) else ()  # a generated suite's answers are in its pages
+    return config.toolbox(tool_sizes(a.profile), extra=world), asdict(config)
+
+
 def cli_eval(argv: list[str] | None = None) -> int:
     "`afm eval`: a model on suites or benchmarks, k samples per question, records kept (a rerun resumes), the per-suite table printed."
     from afm.core import data_dir, load_profile
     from afm.engine import engine_options
     from afm.grading import require_judge
-    from afm.world import tool_sizes, world_toolbox
+    from afm.world import tool_sizes
     a = _eval_parser().parse_args(argv)
     try:  # everything checked before the model loads: the profile, the model, the engine, the tasks, the judge, the decoding
         n = a.samples or a.k
@@ -378,13 +397,14 @@ def cli_eval(argv: list[str] | None = None) -> int:
         model = {"model": f"{name}@{a.endpoint}", "weights": None} if a.endpoint else {**weights_stamp(name), "engine": options}  # a missing model: named here
         tasks = suite_tasks(a.per_suite, a.split, [s.strip() for s in a.suite.split(",") if s.strip()])
         judge = require_judge(tasks)
+        box, toolbox = _toolbox(a, tasks)  # a missing corpus or Serper key, a retriever or summariser that does not answer: here
         over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system, "prompt_layout": a.prompt_layout}
         cfg = eval_config(prof, n, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
         make = _engine(name, a.endpoint, options)
         chance = json.loads(Path(a.chance).read_text()) if a.chance else None
         out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(name).name}{'_served' if a.endpoint else ''}_{a.split}.jsonl"
-        key = eval_key(model, tasks, cfg, n, tool_sizes(a.profile))
-        recs = records(out, make, tasks, world_toolbox(tool_sizes(a.profile)), cfg, n, key, "restart" if a.fresh else "refuse", a.batch, judge=judge)
+        key = eval_key({**model, **({"toolbox": toolbox} if toolbox else {})}, tasks, cfg, n, tool_sizes(a.profile))
+        recs = records(out, make, tasks, box, cfg, n, key, "restart" if a.fresh else "refuse", a.batch, judge=judge)
         print(markdown_table(suite_rows(recs, a.k, chance), ["suite", "questions", "samples", "pass@1", "avg@k", "ci95", "pass@k",
                                                               "format_failures", "tool_calls", "chance"]))
     except Exception as e:  # one line naming what failed: a suite, the model, the engine, the judge, the endpoint, the records file, k

@@ -112,7 +112,7 @@ def test_eval_over_a_served_model(tiny_folder, tmp_path):
 
 
 VLLM = importlib.util.find_spec("vllm") is not None
-NO_JUDGE = {k: v for k, v in ENV.items() if k != "AFM_JUDGE_BASE_URL"}
+NO_JUDGE = {k: v for k, v in ENV.items() if k not in ("AFM_JUDGE_BASE_URL", "SERPER_API_KEY")}
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -121,6 +121,8 @@ NO_JUDGE = {k: v for k, v in ENV.items() if k != "AFM_JUDGE_BASE_URL"}
     (["--dtype", "fp8"], "dtype 'fp8' is not one of auto, float32, bfloat16, float16"),
     (["--device", "cuda:9"], "device 'cuda:9'"),
     (["--prompt-layout", "released"], "invalid choice: 'released'"),
+    (["--online"], "online: web_search asks Serper, and SERPER_API_KEY is not set"),
+    (["--corpus", "/nonexistent/docs.jsonl"], "corpus /nonexistent/docs.jsonl: no such file"),
     pytest.param(["--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine with an NVIDIA GPU: '
                  'pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
 ])
@@ -158,3 +160,15 @@ def test_dtype_and_released_layout_reach_the_records(tiny_folder, tmp_path):
     r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
             "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
     assert r.returncode == 1 and "made otherwise (engine differ)" in r.stderr, r.stderr[-1000:]
+
+
+def test_a_corpus_of_your_own_is_the_tools(tiny_folder, tmp_path):
+    "`--corpus`: the tools of `afm distill` over your documents (and the world's pages, for a generated suite), named in the records' key."
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"url": "https://example.org/lumo", "title": "Lumo", "text": "Lumo was founded in 1999 in Destolmir."}) + "\n")
+    out = tmp_path / "corpus.jsonl"
+    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "40",
+            "--system", "Search, then answer.", "--corpus", str(docs), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    key = json.loads(out.with_suffix(".key.json").read_text())
+    assert key["toolbox"]["corpus"] == str(docs) and not key["toolbox"]["online"] and len(pairs(out)) == 2
