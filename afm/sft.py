@@ -439,8 +439,13 @@ def _digest(model) -> str:
 
 def packed_rows(ds, max_length: int) -> int:
     "How many rows of `max_length` tokens TRL's best-fit-decreasing packing makes of `ds`'s examples: what a batch counts."
+    import datasets
     from trl.data_utils import pack_dataset
-    return len(pack_dataset(ds.select_columns(["input_ids"]), max_length, "bfd"))
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a count, not a stage of the run: no bar of its own
+    try: return len(pack_dataset(ds.select_columns(["input_ids"]), max_length, "bfd"))
+    finally:
+        if shown: datasets.enable_progress_bars()
 
 
 def batch_geometry(train, args: SFTArgs, world_size: int = 1) -> dict:
