@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -753,10 +754,10 @@ os.waitpid(child, 0)
 
 
 def test_fork_and_exit(isolation: str) -> None:
-    sandbox.warm_up()
-    before = workdirs()
     script = FORKING
-    env = {**os.environ, "AFM_SANDBOX_POOL": "2"}
+    tmp = Path(tempfile.mkdtemp(prefix="fork-"))  # its workdirs apart from other processes' on this machine (a short path: sockets live there)
+    tmp.chmod(0o1777)  # like /tmp: the sandbox's own user passes through it
+    env = {**os.environ, "AFM_SANDBOX_POOL": "2", "TMPDIR": str(tmp)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -765,7 +766,8 @@ def test_fork_and_exit(isolation: str) -> None:
     assert next(line["child"] for line in lines if "child" in line) == ["child\n", False]
     assert [line["open"] for line in lines if "open" in line] == [[], []]  # child and parent, after atexit
     assert sandbox_processes() == []
-    assert workdirs() == before
+    assert list(tmp.glob("afm-sbx-*")) == []  # parent and child removed every workdir they made
+    shutil.rmtree(tmp)  # and the locks folder every sandbox user shares
 
 
 # --- observation -------------------------------------------------------------------------
