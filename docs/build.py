@@ -1,0 +1,161 @@
+"""Build the docs site (`make docs`): the chapters, a results page and the API reference, with Sphinx.
+
+Quarto, which nbdev's own docs use, cannot be installed everywhere this project runs, so the site is built
+from pip-installable tools: Sphinx with myst-nb (notebooks) and furo (theme). This script writes the Sphinx
+sources to `<out>/src` and the site to `<out>/html`; it executes no notebook:
+
+- a chapter is the executed notebook that `afm run` keeps in `reports/notebooks/` where one exists (with its
+  outputs, tables and figures), else the source notebook from `nbs/`, whose page then says it has no outputs;
+  cells flagged `#| hide` are dropped and nbdev's `#|` directives removed from the code shown;
+- the results page is `reports/README.md` (the report card) with every figure under `reports/`;
+- each chapter ends with the API reference of the module it exports, from the docstrings (autodoc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+NO_OUTPUTS = ("*This page shows the chapter's source without outputs: no executed copy of it was found in "
+              "`reports/notebooks/`. `make reproduce` (or `afm run --chapters {stem}`) runs it and keeps one there; "
+              "`make docs` then shows its outputs.*")
+
+
+def chapter_source(stem: str, reports: Path) -> tuple[Path, bool]:
+    "The notebook a chapter's page is built from, and whether it is the executed one."
+    executed = reports / "notebooks" / f"{stem}.ipynb"
+    return (executed, True) if executed.exists() else (REPO / "nbs" / f"{stem}.ipynb", False)
+
+
+def directives(source: str) -> list[str]:
+    "nbdev's `#|` cell directives of a code cell (`hide`, `export`, `default_exp sft`, ...)."
+    return [line[2:].strip() for line in source.splitlines() if line.startswith("#|")]
+
+
+def default_exp(nb) -> str | None:
+    "The module a notebook exports to, from its `#| default_exp` cell."
+    for cell in nb.cells:
+        for d in directives(cell.source) if cell.cell_type == "code" else []:
+            if d.startswith("default_exp"):
+                return "afm." + d.split()[1]
+    return None
+
+
+LINK = re.compile(r"\]\((index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")
+
+
+def html_links(text: str, stem: str) -> str:
+    "Links between notebooks (`[x](09_sft.ipynb#rows)`) as links between the site's pages."
+    def page(m):
+        target = m[1] if m[1] == "index" else f"chapters/{m[1]}"
+        return f"]({'../' if stem != 'index' else ''}{target}.html{m[2] or ''})"
+    return LINK.sub(page, text)
+
+
+def adapt(nb, executed: bool, stem: str):
+    "A notebook as myst-nb renders it: hidden cells dropped, directives stripped, the API reference appended."
+    module, cells = default_exp(nb), []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            flags = directives(cell.source)
+            if any(f.split()[0] in ("hide", "default_exp") for f in flags if f) or (executed and "parameters" in cell.metadata.get("tags", [])):  # papermill's injected values follow
+                continue
+            cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("#|")).strip("\n")
+            if not cell.source and not cell.get("outputs"):
+                continue
+        else:
+            cell.source = html_links(cell.source, stem)
+        cell.metadata = {}  # papermill's and nbdev's keys are not myst-nb's
+        cells.append(cell)
+    if not executed and stem != "index" and cells and cells[0].cell_type == "markdown":  # the home page is not run
+        cells.insert(1, nbformat.v4.new_markdown_cell(NO_OUTPUTS.format(stem=stem)))
+    if module:
+        cells.append(nbformat.v4.new_markdown_cell(
+            f"## API reference: `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```"))  # autodoc writes reST
+    nb.cells = cells
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
+    return nb
+
+
+def write_chapters(src: Path, reports: Path) -> list[str]:
+    "Write every chapter (and the home page) into `src`; returns the chapters' stems in order."
+    stems = []
+    for path in sorted((REPO / "nbs").glob("*.ipynb")):
+        stem = path.stem
+        origin, executed = chapter_source(stem, reports)
+        nb = adapt(nbformat.read(origin, as_version=4), executed, stem)
+        if stem == "index":
+            nb.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: 1\n\nresults\nchapters\n```"))
+            nbformat.write(nb, src / "index.ipynb")
+        else:
+            (src / "chapters").mkdir(exist_ok=True)
+            nbformat.write(nb, src / "chapters" / f"{stem}.ipynb")
+            stems.append(stem)
+    toc = "\n".join(f"chapters/{s}" for s in stems)
+    (src / "chapters.md").write_text(f"# Chapters\n\nThe notebooks, in the order data flows through them.\n\n"
+                                     f"```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
+    return stems
+
+
+def figure_md(fig: Path, reports: Path, src: Path) -> str:
+    "A figure of `reports/` copied into the site, as markdown under a caption naming its file."
+    rel = fig.relative_to(reports)
+    dest = src / "figures" / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(fig, dest)
+    return f"**`reports/{rel}`**\n\n![reports/{rel}](figures/{rel})\n"
+
+
+def write_results(src: Path, reports: Path) -> int:
+    """The results page: the report card with each chapter's figures (`reports/<chapter>/*.png`) in its section,
+    then the figures of the other profiles; returns the number of figures."""
+    card = (reports / "README.md").read_text() if (reports / "README.md").exists() else \
+        "# Results\n\n*No report card yet: `make reproduce` writes `reports/README.md`.*\n"
+    card = re.sub(r"\A# (.*)", r"# Results\n\n**\1**", card.lstrip())  # the card's title becomes the page's lead
+    figures = sorted(p for p in reports.rglob("*.png") if "notebooks" not in p.parts)
+    shown, sections = set(), re.split(r"(?m)^(?=## )", card)
+    for i, section in enumerate(sections):
+        key = re.match(r"## (\S+) —", section)
+        own = [f for f in figures if key and f.parent == reports / key[1]]
+        if own:
+            sections[i] = section.rstrip() + "\n\n" + "\n".join(figure_md(f, reports, src) for f in own) + "\n"
+            shown.update(own)
+    rest = [f for f in figures if f not in shown]
+    if rest:
+        sections.append("## Other figures\n\nThe other profiles' and studies' figures.\n\n"
+                        + "\n".join(figure_md(f, reports, src) for f in rest))
+    (src / "results.md").write_text("".join(sections))
+    return len(figures)
+
+
+def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Path:
+    "Write the Sphinx sources to `out/src` and build the site into `out/html`; returns the home page."
+    src, html = out / "src", out / "html"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    t0 = time.time()
+    stems = write_chapters(src, reports)
+    n_fig = write_results(src, reports)
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(REPO / "docs"), str(src), str(html),
+           "-d", str(out / "doctrees")] + (["-q"] if quiet else [])
+    subprocess.run(cmd, check=True, cwd=REPO)
+    print(f"docs: {len(stems)} chapters, {n_fig} figures -> {html}/index.html ({time.time() - t0:.0f} s)")
+    return html / "index.html"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=REPO / "_docs", help="folder for the sources (src/) and the site (html/)")
+    ap.add_argument("--reports", type=Path, default=REPO / "reports", help="the reports folder to show")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show Sphinx's progress and warnings")
+    args = ap.parse_args()
+    build(args.out, args.reports, quiet=not args.verbose)
