@@ -344,13 +344,10 @@ def _eval_parser():
 # %% ../nbs/08a_evaluate.ipynb #a35c6814
 def _served_tokenizer(model: str):
     "The tokenizer of `model` and its context, without its weights (a server holds them), as `afm.models.load` would give them."
-    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
-    from afm.models import _prefix_space, chatml_template, check_folder, model_path
-    folder = model_path(model)
-    spec = check_folder(folder)
-    tok = (PreTrainedTokenizerFast if _prefix_space(spec) else AutoTokenizer).from_pretrained(folder)  # as `load` reads it
-    if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
-    return tok, int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 32768))
+    from transformers import AutoConfig
+    from afm.models import load_tokenizer, model_path
+    tok = load_tokenizer(model)
+    return tok, int(getattr(AutoConfig.from_pretrained(model_path(model)), "max_position_embeddings", 32768))
 
 
 def _engine(model: str, endpoint: str | None, options: dict | None) -> Callable[[], Engine]:
