@@ -25,6 +25,7 @@ COMMANDS = {  # command -> what it does; the chapters that provide each come fro
     "eval": "evaluate a model on the benchmarks and write the tables",
     "serve": "serve what a chapter provides: `afm serve search` (the wiki retrieval server), `afm serve model`",
     "bench": "a chapter's benchmark, ours against the naive way side by side: `afm bench search`, `afm bench sandbox`, `afm bench rollout`, `afm bench sft`, `afm bench rl`",
+    "browse": "one static HTML page of trajectories (the teacher's, the distilled rows', models' rollouts) side by side",
 }
 
 

@@ -601,10 +601,11 @@ def build_engine(model, engine: str = "hf", device: str = "auto", dtype: str = "
 
 
 def profile_engine(model, profile: str | dict, **options) -> Engine:
-    "`build_engine` with the engine the profile names (its `engine` key; `hf` when it has none) unless `options` name one."
+    """`build_engine` with the engine the profile names (its `engine` key; `hf` when it has none) and the rows it generates at
+    once (`engine_max_batch`; 32 when it has none), unless `options` name them."""
     from afm.core import load_profile
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    return build_engine(model, **{"engine": prof.get("engine", "hf"), **options})
+    return build_engine(model, **{"engine": prof.get("engine", "hf"), "max_batch": int(prof.get("engine_max_batch", 32)), **options})
 
 # %% ../nbs/07_engine.ipynb #3f836bc7
 class GenerateEngine(Engine):

@@ -28,28 +28,35 @@ __all__ = ['EVAL_SUITES', 'RECORDS_CODE', 'EVAL_PARAMETERS', 'grade_episode', 'e
            'records', 'eval_config', 'cli_eval']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
-def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None) -> dict:
-    "One episode's record: task, suite, split, sample, answer, reward (from the answer alone), end, format failure, tool calls, sampled tokens, seconds, trajectory."
-    from afm.grading import grade
-    answer = ep.trajectory.answer if ep.trajectory else None
+def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None, no_verdict: float | None = None) -> dict:
+    """One episode's record: task, suite, split, sample, answer, reward (from the answer alone), end, format failure, tool
+    calls, sampled tokens, seconds, trajectory. A judge that gives no verdict raises `JudgeError`; with `no_verdict` the
+    answer scores that instead and the record's `judge_error` says why."""
+    from afm.grading import JudgeError, grade
+    answer, why = (ep.trajectory.answer if ep.trajectory else None), None
+    try: reward = grade(task, answer, judge=judge, runner=runner) if answer is not None else 0.0
+    except JudgeError as e:
+        if no_verdict is None: raise
+        reward, why = no_verdict, str(e)
     return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "kind": task.kind, "hops": task.hops,
-            "answer": answer, "reward": grade(task, answer, judge=judge, runner=runner) if answer is not None else 0.0,
-            "end": ep.end, "format_failure": ep.format_error is not None or answer is None, "tool_calls": ep.tool_calls,
+            "answer": answer, "reward": reward, **({"judge_error": why} if why else {}), "end": ep.end,
+            "format_failure": ep.format_error is not None or answer is None, "tool_calls": ep.tool_calls,
             "sampled_tokens": ep.sampled_tokens, "seconds": round(ep.seconds, 4),
             "trajectory": ep.trajectory.to_dict() if ep.trajectory else None}
 
 
 def evaluate(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = None, config: RolloutConfig | None = None,
              k: int = 1, samples: Sequence[int] | None = None, judge=None, runner=None, progress: bool = False,
-             workers: int = 2) -> list[dict]:
+             workers: int = 2, no_verdict: float | None = 0.0) -> list[dict]:
     """Roll out each task `k` times (or once, as sample `samples[i]`) and grade each episode (`workers` at a time: code
-    runs in the sandbox); in task order, a task's samples together."""
+    runs in the sandbox); in task order, a task's samples together. An answer the judge gives no verdict on scores
+    `no_verdict` (0, as the paper's evaluation scores it), with `judge_error` in its record; None raises `JudgeError`."""
     from afm.grading import require_judge
     judge = require_judge(tasks, judge)  # web tasks without a judge: refused before anything is generated
     if samples is None: tasks, samples = [t for t in tasks for _ in range(k)], [s for _ in tasks for s in range(k)]
     episodes = rollout(engine, tasks, toolbox, config, progress=progress, samples=samples)
     with ThreadPoolExecutor(max(1, workers)) as ex:
-        return list(ex.map(lambda a: grade_episode(*a, judge=judge, runner=runner), zip(tasks, episodes, samples)))
+        return list(ex.map(lambda a: grade_episode(*a, judge=judge, runner=runner, no_verdict=no_verdict), zip(tasks, episodes, samples)))
 
 # %% ../nbs/08a_evaluate.ipynb #a6ea864e
 EVAL_SUITES = list(GENERATED_SUITES)  # every generated suite
@@ -328,6 +335,11 @@ def _eval_parser():
     p.add_argument("--dtype", default="auto", help=f"{', '.join(DTYPES)} (auto: float32 on a CPU, bfloat16 on a GPU; vLLM: the checkpoint's)")
     p.add_argument("--out", default=None, help="the records file (JSONL; its key beside it)")
     p.add_argument("--endpoint", default=None, help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (`afm serve model`, `vllm serve`)")
+    p.add_argument("--served-model", default=None, help="with --endpoint, the name it serves the model under (default: --model if "
+                                                         "it lists that, else the one model it lists)")
+    judge = p.add_argument_group("the LLM judge of web tasks (default: $AFM_JUDGE_BASE_URL, $AFM_JUDGE_MODEL; key $AFM_JUDGE_API_KEY)")
+    judge.add_argument("--judge-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://judge-host:8001/v1")
+    judge.add_argument("--judge-model", default=None, help="the judge's model name there (default: $AFM_JUDGE_MODEL)")
     tools = p.add_argument_group("tools (default: the generated world's pages and the Wikipedia summaries, locally)",
                                  "any of these: the tools of `afm distill` (afm.distill.ToolboxConfig), for web benchmarks")
     tools.add_argument("--online", action="store_true", help="web_search asks Google through Serper ($SERPER_API_KEY); crawl_page fetches pages")
@@ -350,18 +362,55 @@ def _served_tokenizer(model: str):
     return tok, int(getattr(AutoConfig.from_pretrained(model_path(model)), "max_position_embeddings", 32768))
 
 
-def _engine(model: str, endpoint: str | None, options: dict | None) -> Callable[[], Engine]:
-    "A function making `afm eval`'s engine: `build_engine(model, **options)`, or `model` served at `endpoint`, which is asked first whether it answers."
+def _listed_models(url: str, what: str = "endpoint", api_key: str = "", strict: bool = True) -> list[str]:
+    """The models an OpenAI-compatible server at `url` (with or without /v1) lists; a ValueError naming it when it does not
+    answer in 10 s, or refuses the key. Not `strict`: a server that answers without a model list (404) is still up."""
+    import httpx
+    root = url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try: r = httpx.get(f"{root}/v1/models", timeout=10, headers=headers)
+    except httpx.HTTPError as e: raise ValueError(f"the {what} {url} does not answer ({type(e).__name__}: {e})") from None
+    if r.status_code in (401, 403): raise ValueError(f"the {what} {url} refuses the API key ({r.status_code}: {r.text[:120]!r})")
+    if r.status_code >= 400 and (strict or r.status_code >= 500):
+        raise ValueError(f"the {what} {url} does not answer ({r.status_code} for /v1/models: {r.text[:120]!r})")
+    try: return [m["id"] for m in r.json()["data"] if isinstance(m.get("id"), str)]
+    except (ValueError, KeyError, TypeError, AttributeError): return []
+
+
+def _engine(model: str, endpoint: str | None, options: dict | None, served: str | None = None) -> Callable[[], Engine]:
+    """A function making `afm eval`'s engine: `build_engine(model, **options)`, or `model` served at `endpoint`, which is
+    asked first whether it answers and under which name it serves the model (`served`, else `model` if it lists that, else
+    the one model it lists: `vllm serve` refuses requests for any other name)."""
     if not endpoint:
         from afm.engine import build_engine
         return lambda: build_engine(model, **options)
-    import httpx
     from afm.serve import OpenAIEngine
     url = endpoint.rstrip("/").removesuffix("/v1")  # the server's root: `afm serve model` prints it with /v1
-    try: httpx.get(f"{url}/v1/models", timeout=10).raise_for_status()
-    except httpx.HTTPError as e: raise ValueError(f"the endpoint {endpoint} does not answer ({type(e).__name__}: {e})") from None
+    listed = _listed_models(endpoint)
+    if served is None:
+        if model in listed or not listed: served = model
+        elif len(listed) == 1: served = listed[0]
+        else: raise ValueError(f"the endpoint {endpoint} serves {', '.join(listed)}, and not {model}: name one with --served-model")
     tok, context = _served_tokenizer(model)
-    return lambda: OpenAIEngine(url, model, tok, context=context)
+    return lambda: OpenAIEngine(url, served, tok, context=context)
+
+
+def _judge(a, tasks: Sequence[Task]):
+    """`afm eval`'s judge for `tasks`' web answers (None when there are none): `--judge-url` (`--judge-model`), else the one
+    `AFM_JUDGE_*` configure (`afm.grading.require_judge`); each of its endpoints asked first whether it answers."""
+    from afm.grading import LLMJudge, require_judge
+    from afm.llm import Endpoint, LLMClient
+    if not any(t.kind == "web" for t in tasks): return None
+    key = os.environ.get("AFM_JUDGE_API_KEY", "")
+    if a.judge_url:
+        model = a.judge_model or os.environ.get("AFM_JUDGE_MODEL", "default")
+        judge = LLMJudge(LLMClient(Endpoint(a.judge_url, model, key, 60.0)), cache_path=os.environ.get("AFM_JUDGE_CACHE") or None)
+        urls = [a.judge_url]
+    else:
+        if a.judge_model: raise ValueError("--judge-model names the model of --judge-url: give the URL too (or set AFM_JUDGE_MODEL)")
+        judge, urls = require_judge(tasks), [u.strip() for u in os.environ.get("AFM_JUDGE_BASE_URL", "").split(",") if u.strip()]
+    for u in urls: _listed_models(u, "judge endpoint", key, strict=False)
+    return judge
 
 
 def _toolbox(a, tasks: Sequence[Task]) -> tuple[Toolbox, dict | None]:
@@ -379,7 +428,6 @@ def cli_eval(argv: list[str] | None = None) -> int:
     "`afm eval`: a model on suites or benchmarks, k samples per question, records kept (a rerun resumes), the per-suite table printed."
     from afm.core import data_dir, load_profile
     from afm.engine import engine_options
-    from afm.grading import require_judge
     from afm.world import tool_sizes
     a = _eval_parser().parse_args(argv)
     try:  # everything checked before the model loads: the profile, the model, the engine, the tasks, the judge, the decoding
@@ -387,25 +435,29 @@ def cli_eval(argv: list[str] | None = None) -> int:
         if a.split not in ("val", "test"): raise ValueError(f"--split must be val or test, got {a.split!r}")
         if min(a.k, n, a.per_suite, a.batch) < 1: raise ValueError("--k, --samples, --per-suite and --batch must be at least 1")
         if a.k > n: raise ValueError(f"pass@{a.k} needs at least {a.k} samples per question; --samples is {n}")
+        if a.served_model and not a.endpoint: raise ValueError("--served-model names the model an --endpoint serves: give the endpoint too")
         prof = load_profile(a.profile)
         name = a.model or prof.get("model")
         if not name: raise ValueError(f"--model is needed: profile {a.profile} names no model")
         options = None if a.endpoint else engine_options(a.engine or prof.get("engine", "hf"), a.device, a.dtype)
         model = {"model": f"{name}@{a.endpoint}", "weights": None} if a.endpoint else {**weights_stamp(name), "engine": options}  # a missing model: named here
         tasks = suite_tasks(a.per_suite, a.split, [s.strip() for s in a.suite.split(",") if s.strip()])
-        judge = require_judge(tasks)
+        judge = _judge(a, tasks)  # web tasks and no judge, or a judge endpoint that does not answer: here
         box, toolbox = _toolbox(a, tasks)  # a missing corpus or Serper key, a retriever or summariser that does not answer: here
         over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system, "prompt_layout": a.prompt_layout}
         cfg = eval_config(prof, n, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
-        make = _engine(name, a.endpoint, options)
+        make = _engine(name, a.endpoint, options, a.served_model)
         chance = json.loads(Path(a.chance).read_text()) if a.chance else None
         out = Path(a.out) if a.out else data_dir("eval", a.profile) / f"{Path(name).name}{'_served' if a.endpoint else ''}_{a.split}.jsonl"
-        key = eval_key({**model, **({"toolbox": toolbox} if toolbox else {})}, tasks, cfg, n, tool_sizes(a.profile))
+        extra = {**({"toolbox": toolbox} if toolbox else {}), **({"judge": judge.model} if judge else {})}
+        key = eval_key({**model, **extra}, tasks, cfg, n, tool_sizes(a.profile))
         recs = records(out, make, tasks, box, cfg, n, key, "restart" if a.fresh else "refuse", a.batch, judge=judge)
         print(markdown_table(suite_rows(recs, a.k, chance), ["suite", "questions", "samples", "pass@1", "avg@k", "ci95", "pass@k",
                                                               "format_failures", "tool_calls", "chance"]))
     except Exception as e:  # one line naming what failed: a suite, the model, the engine, the judge, the endpoint, the records file, k
         print(f"afm eval: {type(e).__name__}: {' '.join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())}", file=sys.stderr)
         return 1
+    if unjudged := sum("judge_error" in r for r in recs):
+        print(f"{unjudged} answers got no verdict from the judge and score 0 (their records' judge_error says why)")
     print(f"{len(recs)} records in {out}")
     return 0

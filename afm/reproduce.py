@@ -21,12 +21,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import CHAPTERS, Chapter, check_keys, load_profile, load_profiles, repo_root, settings_path
+from .core import CHAPTERS, Chapter, check_keys, data_dir, load_profile, load_profiles, repo_root, settings_path
 
 # %% auto #0
-__all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'INJECTED', 'PACKAGES', 'QUIET_KERNEL', 'pipeline_chapters', 'select_chapters',
-           'profile_keys', 'check_profile', 'versions', 'machine', 'library_sha256', 'git_commit', 'chapter_parameters',
-           'run_chapter', 'default_reports', 'run', 'provenance', 'write_reports', 'cli_run']
+__all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'PACKAGES', 'READS', 'READS_FROM', 'QUIET_KERNEL',
+           'RESULTS_MARKERS', 'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'versions',
+           'machine', 'library_sha256', 'git_commit', 'read_json', 'previous_record', 'duration', 'has_data',
+           'chapter_input', 'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter',
+           'default_reports', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'run', 'run_times', 'results_table',
+           'update_readme', 'provenance', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -45,14 +48,15 @@ def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) 
 # %% ../nbs/12_reproduce.ipynb #7e87bb8f
 PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
                    ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"))  # prefix, module, config
-SHARED_KEYS = ("description", "model", "engine", "seed")  # read by several stages and commands; no chapter declares them
+SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")  # read by several stages and commands (`engine_max_batch`: `afm.engine.profile_engine`); no chapter declares them
+DRIVER_KEYS = ("expected_minutes",)  # read by `run` itself, never by a chapter (so not part of what a chapter ran with)
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
 
 
 def profile_keys(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> set[str]:
-    "Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of `PROFILE_CONFIGS`, a shared key."
+    "Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of `PROFILE_CONFIGS`, a shared or driver key."
     import papermill
-    keys = set(SHARED_KEYS)
+    keys = set(SHARED_KEYS) | set(DRIVER_KEYS)
     for _, nb in pipeline_chapters(nbs, table): keys |= set(papermill.inspect_notebook(str(nb)))
     for prefix, module, name in PROFILE_CONFIGS:
         cls = getattr(importlib.import_module(module), name, None) if importlib.util.find_spec(module) else None
@@ -63,7 +67,7 @@ def profile_keys(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> set[st
 def check_profile(params: dict[str, Any], nbs: Path | str, where: str, table: Sequence[Chapter] = CHAPTERS) -> None:
     "A ValueError naming every key of profile `params` that nothing reads (and the nearest key that is read)."
     check_keys(params, profile_keys(nbs, table), where, "a key is a chapter's parameter, <prefix><field> of a config read "
-               f"from the profile ({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of {', '.join(SHARED_KEYS)}")
+               f"from the profile ({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of {', '.join(SHARED_KEYS + DRIVER_KEYS)}")
 
 # %% ../nbs/12_reproduce.ipynb #737d732c
 PACKAGES = ("afm", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "papermill", "nbdev", "vllm")
@@ -109,12 +113,85 @@ def git_commit(root: Path | str) -> str | None:
         return head.stdout.strip() + ("+changes" if git("status", "--porcelain", "--", "afm", "nbs").stdout.strip() else "")
     except (OSError, subprocess.SubprocessError): return None
 
+# %% ../nbs/12_reproduce.ipynb #1ff8d546
+def read_json(path: Path | str, hint: str = "") -> Any:
+    "The JSON in `path` (None when there is no such file); a damaged file is a one-line ValueError naming it, and `hint` (what to do)."
+    path = Path(path)
+    if not path.is_file(): return None
+    try: return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        why = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"{path} is damaged ({why})" + (f"; {hint}" if hint else "")) from None
+
+
+def previous_record(path: Path | str, profile: str, say: bool = True) -> dict[str, Any]:
+    "The record in metrics.json `path` when a run of `profile` wrote it, else {} (a damaged file is said in one line on stderr when `say`)."
+    try: old = read_json(path, "this run writes a fresh record")
+    except ValueError as e:
+        if say: print(e, file=sys.stderr)
+        return {}
+    return old if isinstance(old, dict) and old.get("profile") == profile else {}
+
+
+def duration(seconds: float | None) -> str:
+    "`seconds` for a reader: `45 s`, `12 min`, `2 h 05 min` (`?` when unknown)."
+    if seconds is None: return "?"
+    if seconds < 60: return f"{round(seconds)} s"
+    if seconds < 3570: return f"{round(seconds / 60)} min"
+    h, m = divmod(round(seconds / 60), 60)
+    return f"{h} h {m:02d} min"
+
+# %% ../nbs/12_reproduce.ipynb #cdff063f
+READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft"}  # chapter key -> the stage whose data (`data_dir`) it reads
+READS_FROM = {"rl": "rl_sft_from"}  # the profile key naming another profile whose data it reads (empty: its own)
+
+
+def has_data(folder: Path) -> bool:
+    "Does `folder` exist and hold anything?"
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def chapter_input(key: str, profile: str, params: dict[str, Any], root: Path | str | None = None) -> Path | None:
+    "The data folder chapter `key` reads for `profile` (written by the chapter of that stage), or None when it reads none."
+    if key not in READS: return None
+    return data_dir(READS[key], params.get(READS_FROM.get(key, "")) or profile, root)
+
+
+def check_inputs(keys: Sequence[str], profile: str, params: dict[str, Any], root: Path | str | None = None,
+                 notebooks: dict[str, str] | None = None) -> None:
+    "A one-line ValueError when one of the chapters `keys` (in run order) reads data that is absent and that no chapter before it in this run writes."
+    name = lambda k: (notebooks or {}).get(k, k)
+    for i, key in enumerate(keys):
+        src = chapter_input(key, profile, params, root)
+        if src is None or has_data(src) or (READS[key] in keys[:i] and src == data_dir(READS[key], profile, root)): continue
+        raise ValueError(f"chapter {name(key)} reads {src}, which is missing or empty: run `afm run --profile {src.name} "
+                         f"--chapters {name(READS[key])}` first, or include {name(READS[key])} in this run")
+
+# %% ../nbs/12_reproduce.ipynb #c6748dbc
+def expected_time(to_run: Sequence[str], resumed: int, known: dict[str, float], params: dict[str, Any], where: str) -> tuple[float | None, str]:
+    "The expected seconds of running chapters `to_run` and one line saying so: their times in the last run (`known`), else the profile's `expected_minutes`."
+    if not to_run: return 0.0, f"expected time: none, all {resumed} chapters finished with these inputs"
+    head = f"{len(to_run)} chapter{'s' * (len(to_run) > 1)} to run" + (f", {resumed} finished already" if resumed else "")
+    if not (missing := [k for k in to_run if known.get(k) is None]):
+        s = sum(known[k] for k in to_run)
+        return s, f"expected time: about {duration(s)} ({head}; from their times in the last run of the profile)"
+    if minutes := params.get("expected_minutes"):
+        return minutes * 60.0, (f"expected time: about {duration(minutes * 60)} ({head}; the profile's estimate, expected_minutes in "
+                                f"{where}; {len(missing)} of them never timed here)")
+    return None, f"expected time: unknown ({head}; {', '.join(missing[:3])}{' …' * (len(missing) > 3)} never timed here, and {where} sets no expected_minutes)"
+
 # %% ../nbs/12_reproduce.ipynb #c43d22e1
 def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]:
     "The subset of `params` that notebook `nb` declares in its `parameters` cell."
     import papermill
     declared = papermill.inspect_notebook(str(nb))
     return {k: v for k, v in params.items() if k in declared}
+
+
+def notebook_defaults(nb: Path | str, params: dict[str, Any]) -> dict[str, str]:
+    "The parameters of notebook `nb` that `params` leaves unset, with the default (source text) the notebook runs them at."
+    import papermill
+    return {k: d["default"] for k, d in papermill.inspect_notebook(str(nb)).items() if k not in params and k not in INJECTED}
 
 
 def _local_kernel(folder: str):
@@ -130,7 +207,8 @@ QUIET_KERNEL = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}  
 
 def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path | str, log: bool = False,
                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    "Execute chapter `nb` with papermill (its kernel's environment extended by `env`); return the figures it wrote to `reports/<key>/figures.json`."
+    """Execute chapter `nb` with papermill (its kernel's environment extended by `env`); return the figures it wrote to
+    `reports/<key>/figures.json`. A failure is a RuntimeError of one line naming the chapter, the cell and the error."""
     import papermill
     nb, reports = Path(nb), Path(reports).resolve()
     fig_path = reports / key / "figures.json"
@@ -145,29 +223,81 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
             papermill.execute_notebook(str(nb), str(out), parameters=params, cwd=str(nb.parent), kernel_name="python3",
                                        progress_bar=False, log_output=log, config=_local_kernel(sockets))
     except papermill.PapermillExecutionError as e:
-        raise RuntimeError(f"chapter {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-                           f"the executed notebook is at {out}") from None
+        error = " ".join(f"{e.ename}: {e.evalue}".split())  # one line, however many the exception's message has
+        raise RuntimeError(f"chapter {nb.name} failed in cell {e.exec_count}: {error[:400]}{' …' * (len(error) > 400)} "
+                           f"(the executed notebook: {out})") from None
     finally:
         for k, v in saved.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
-    if not fig_path.is_file():
-        raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must write its figures there")
-    return json.loads(fig_path.read_text())
+    try: figures = read_json(fig_path)
+    except ValueError as e: raise RuntimeError(f"chapter {nb.name} wrote a damaged figures file: {e}") from None
+    if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must write its figures there")
+    return figures
 
 # %% ../nbs/12_reproduce.ipynb #3373f9dc
 def default_reports(profile: str, root: Path | str | None = None) -> Path:
     "Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs), `reports/<profile>/` for any other."
     return repo_root(root) / "reports" / ("" if profile == "tiny" else profile)
 
+# %% ../nbs/12_reproduce.ipynb #bf2ab483
+@dataclasses.dataclass
+class Step:
+    "One chapter of a run: what it runs with (`parameters`, `stamp`), what it leaves at the notebook's defaults, and its last finished run (`done`) when it is resumed."
+    chapter: Chapter
+    notebook: Path
+    parameters: dict[str, Any]
+    defaults: dict[str, str]
+    stamp: dict[str, Any]
+    done: dict[str, Any] | None = None
 
+
+def finished(folder: Path, stamp: dict[str, Any], data: Path | None = None) -> dict[str, Any] | None:
+    """The chapter's `run.json` (with its `figures`) when it finished with `stamp`, its figures are readable and `data` (what a
+    later chapter reads) is still there; else None: the chapter runs (a damaged file too)."""
+    try: ran, figures = read_json(folder / "run.json"), read_json(folder / "figures.json")
+    except ValueError: return None
+    if not isinstance(ran, dict) or figures is None or (data is not None and not has_data(data)): return None
+    if {k: v for k, v in ran.items() if k in stamp} != json.loads(json.dumps(stamp)): return None
+    return {**ran, "figures": figures}
+
+# %% ../nbs/12_reproduce.ipynb #8e2d045d
+def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[str, Any], reports: Path, root: Path,
+             resume: bool = True) -> list[Step]:
+    "The steps of a run: each chapter with its inputs; resumed while it and every chapter above it finished with the same inputs."
+    library, steps, rerun = library_sha256(root), [], not resume
+    for ch, nb in chapters:
+        p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
+        stamp = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS}, "parameters": p,
+                 "notebook_sha256": _sha256(nb), "library_sha256": library}
+        feeds = data_dir(ch.key, profile, root) if ch.key in READS.values() else None  # data a later chapter reads
+        done = None if rerun else finished(reports / ch.key, stamp, feeds)
+        rerun = rerun or done is None  # data flows down the table: what follows a chapter that runs runs too
+        steps.append(Step(ch, nb, p, notebook_defaults(nb, p), stamp, done))
+    return steps
+
+
+def chapter_seconds(steps: Sequence[Step], reports: Path, old: dict[str, Any]) -> dict[str, float]:
+    "Each chapter's seconds in the last finished run of the profile: `seconds` of the previous record `old`, else its run.json."
+    known = dict(old.get("seconds") or {})
+    for s in steps:
+        if known.get(s.chapter.key) is None:
+            try: ran = read_json(reports / s.chapter.key / "run.json")
+            except ValueError: continue
+            if isinstance(ran, dict) and ran.get("profile") == s.stamp["profile"] and ran.get("seconds") is not None:
+                known[s.chapter.key] = ran["seconds"]
+    return known
+
+# %% ../nbs/12_reproduce.ipynb #7043d681
 def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None, resume: bool = True,
         settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
-        table: Sequence[Chapter] = CHAPTERS) -> dict[str, Any]:
+        table: Sequence[Chapter] = CHAPTERS, started_at: float | None = None, installed_at: float | None = None) -> dict[str, Any]:
     """Run the pipeline's chapters (of `table`) for `profile` and write `reports` (default: `reports/` for `tiny`, what
-    `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json."""
+    `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json. `started_at` and
+    `installed_at` (epoch seconds) are when `make reproduce` started and when its install finished: the run's wall time
+    then counts the install too."""
     from afm.core import progress_bar
-    root = repo_root(root)
+    t_run, root = time.time(), repo_root(root)
     settings = settings_path(settings, root).resolve()
     params = load_profile(profile, settings)
     check_profile(params, root / "nbs", f"{settings} [{profile}]", table)  # before anything runs
@@ -175,46 +305,154 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     nbs = pipeline_chapters(root / "nbs", table)
     if chapters: nbs = select_chapters(chapters, nbs)
     metrics_path = reports / "metrics.json"
+    steps = plan_run(nbs, profile, params, reports, root, resume)
+    to_run = [s.chapter.key for s in steps if s.done is None]
+    check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table})  # before anything runs, too
+    known = chapter_seconds(steps, reports, previous_record(metrics_path, profile))
+    expected, line = expected_time(to_run, len(steps) - len(to_run), known, params, f"{settings.name} [{profile}]")
+    print(f"afm run --profile {profile}: {line}", flush=True)
     record: dict[str, Any] = {"profile": profile, "parameters": params, "versions": versions(), "machine": machine(),
-                              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seconds": {}}
-    failure, record["failed"], record["not_run"], upstream_ran, commit = None, {}, [], False, git_commit(root)
-    for ch, nb in (bar := progress_bar(nbs, desc=f"profile {profile}", unit="chapter")):
+                              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "reproduce_seconds": None,
+                              "install_seconds": None, "run_seconds": None, "expected_seconds": expected, "seconds": {},
+                              "failed": {}, "not_run": [], "resumed": [], "defaults": {}}
+    failure, commit = None, git_commit(root)
+    for step in (bar := progress_bar(steps, desc=f"profile {profile}", unit="chapter")):
+        ch, nb, key = step.chapter, step.notebook, step.chapter.key
+        if step.defaults: record["defaults"][key] = step.defaults
         if failure:  # after a failure nothing runs, and no figure of a later chapter is presented as current
-            record.pop(ch.key, None); record["seconds"].pop(ch.key, None); record["not_run"].append(ch.key)
-            continue
-        key = ch.key
-        bar.set_postfix_str(nb.stem)
-        p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
-        stamp = {"profile": profile, "settings": params, "parameters": p, "notebook_sha256": _sha256(nb), "library_sha256": library_sha256(root)}
+            record["not_run"].append(key); continue
         done = reports / key / "run.json"
-        if resume and not upstream_ran and done.is_file() and (reports / key / "figures.json").is_file() and \
-                {k: v for k, v in json.loads(done.read_text()).items() if k in stamp} == json.loads(json.dumps(stamp)):
-            record[key] = json.loads((reports / key / "figures.json").read_text())
+        if step.done is not None:  # resumed: its figures and the time they took come from its last run
+            record[key] = step.done["figures"]; record["resumed"].append(key)
+            if step.done.get("seconds") is not None: record["seconds"][key] = step.done["seconds"]
             continue
-        t0, upstream_ran = time.perf_counter(), True  # data flows down the table: what follows a chapter that ran runs too
-        try: record[key] = run_chapter(nb, key, p, reports, log=log, env={"AFM_SETTINGS": str(settings)})
+        so_far = time.time() - t_run
+        bar.set_postfix_str(f"{nb.stem}" + (f" (~{duration(known[key])})" if known.get(key) else "") + f" · {duration(so_far)}"
+                            + (f" of ~{duration(expected)}" if expected else " so far"))
+        t0 = time.perf_counter()
+        try: record[key] = run_chapter(nb, key, step.parameters, reports, log=log, env={"AFM_SETTINGS": str(settings)})
         except RuntimeError as e:
-            failure = e
-            record.pop(key, None); record["seconds"].pop(key, None); done.unlink(missing_ok=True)
+            failure = e; done.unlink(missing_ok=True)
             record["failed"][key] = str(e).splitlines()[0]
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
-        done.write_text(json.dumps({**stamp, "commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
-    old = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}  # read now: another run may have written since
-    if old.get("profile") == profile:  # keep the chapters this run did not touch
-        keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}
-        record.update({k: v for k, v in old.items() if k in keep})
-        record["seconds"] = {k: v for k, v in old.get("seconds", {}).items() if k in keep} | record["seconds"]
+        done.write_text(json.dumps({**step.stamp, "commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
+    old = previous_record(metrics_path, profile, say=False)  # read now: another run may have written since (damage was said at the start)
+    keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}  # keep the chapters this run did not touch
+    record.update({k: v for k, v in old.items() if k in keep})
+    record["seconds"] = {k: v for k, v in (old.get("seconds") or {}).items() if k in keep} | record["seconds"]
+    record["defaults"] = {k: v for k, v in (old.get("defaults") or {}).items() if k in keep} | record["defaults"]
+    end = time.time()
+    record["run_seconds"] = round(end - t_run, 1)
+    record["reproduce_seconds"] = round(end - (started_at or t_run), 1)
+    if started_at and installed_at: record["install_seconds"] = round(installed_at - started_at, 1)
+    else: record.pop("install_seconds")
     write_reports(record, reports, table, root)
     if failure: raise failure
     return record
 
+# %% ../nbs/12_reproduce.ipynb #bbdcf816
+RESULTS_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")  # the README's generated block lies between these
+
+
+def _dig(record: Any, path: str) -> Any:
+    "The value at dotted `path` (`sft.world_qa_chance`) of `record`, None when any part is missing."
+    for part in path.split("."):
+        if not isinstance(record, dict) or part not in record: return None
+        record = record[part]
+    return record
+
+
+def _num(v: Any, sign: bool = False) -> str:
+    "A figure for a reader: whole numbers with thousands separated, others to three significant digits; dicts and lists spelled out."
+    if isinstance(v, dict): return " · ".join(f"{k}: {_num(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)): return ", ".join(_num(x) for x in v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)): return str(v)
+    if isinstance(v, int) or abs(v) >= 100: return f"{v:+,.0f}" if sign else f"{v:,.0f}"
+    return f"{v:+.3g}" if sign else f"{v:.3g}"
+
+
+def _mean(v: Any) -> float | None:
+    "A chance level: the number itself, or the mean of a per-suite dict."
+    if isinstance(v, dict): v = [x for x in v.values() if isinstance(x, (int, float))] or None
+    return sum(v) / len(v) if isinstance(v, list) else v
+
+
+def _ci(v: Any) -> str:
+    "A 95% interval `[lo, hi]` from a pair or a dict holding `ci95`; empty when there is none."
+    v = v.get("ci95") if isinstance(v, dict) else v
+    return f"[{_num(v[0])}, {_num(v[1])}]" if isinstance(v, (list, tuple)) and len(v) == 2 else ""
+
+
+def run_times(record: dict[str, Any]) -> str:
+    "One line on how long the run took: its wall time (the install included under `make reproduce`) and the chapters' own times."
+    secs, resumed = [s for s in (record.get("seconds") or {}).values() if s is not None], record.get("resumed") or []
+    wall = record.get("reproduce_seconds")
+    line = (f"{duration(wall)} wall time for this run" + (f" (`make reproduce`, the install's {duration(record['install_seconds'])} included)"
+            if record.get("install_seconds") is not None else " (the install not included)") + "; ") if wall is not None else ""
+    line += f"the chapters' own times add up to {duration(sum(secs)) if secs else '?'}"
+    if resumed: line += f" ({len(resumed)} of them finished in earlier runs and were resumed: their times are from then)"
+    if record.get("expected_seconds"): line += f"; expected {duration(record['expected_seconds'])}"
+    return line + "."
+
+# %% ../nbs/12_reproduce.ipynb #ab45b868
+def results_table(record: dict[str, Any]) -> str:
+    """The headline results of a run (the content of `metrics.json`) as markdown: a line naming the model, profile and grading,
+    then one row per figure with its chance level and 95% interval where measured. Figures the record lacks are left out."""
+    get, rows = lambda path: _dig(record, path), []
+    def row(stage, figure, value, chance=None, ci=None):
+        if value is not None and value != "": rows.append(f"| {stage} | {figure} | {value} | {'' if chance is None else _num(chance)} | {_ci(ci)} |")
+    num = lambda path, sign=False: None if get(path) is None else _num(get(path), sign)
+    both = lambda a, b, sep=" → ": None if get(a) is None or get(b) is None else f"{_num(get(a))}{sep}{_num(get(b))}"
+    row("distillation", f"tasks given to the teacher ({get('distill.brain') or 'teacher'}) → trajectories kept", both("distill.tasks", "distill.dataset_rows"))
+    row("distillation", "teacher tokens per task", num("distill.teacher_mean_tokens_per_task"))
+    row("distillation", "teacher tool calls per task", num("distill.teacher_mean_tool_calls_per_task"))
+    qa, suites = get("sft.world_qa_chance"), len(get("sft.chance") or {}) or "all"
+    row("SFT", "world QA (4 suites), test split, SFT model, greedy", num("sft.world_qa_sft_strict"), qa)
+    row("SFT", "world QA, SFT model, temperature 1.0", num("sft.world_qa_sft_t1"), qa)
+    row("SFT", "world QA, the untrained model", num("sft.world_qa_untrained"), qa)
+    row("SFT", f"{get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy", num("sft.heldout_sft"),
+        _mean(get("sft.chance")), get("sft.heldout_sft_ci95"))
+    row("SFT", "training minutes (every stage of the recipe)", num("sft.sft_minutes"))
+    rl_chance, n, seeds = _mean(get("rl.chance")), get("rl.heldout_questions"), get("rl.seeds")
+    arm = f"RL model ({seeds} seed{'s, mean' * (seeds != 1)} of {get('rl.steps_per_seed')} steps)" if seeds else "RL model"
+    t1 = f"temperature 1.0, {get('rl.t1_samples')} samples a question" if get("rl.t1_samples") else "temperature 1.0"
+    for mode, tag in (("greedy", "greedy"), (t1, "t1")):
+        where = f"{n} world QA test questions, {mode}" if n else f"world QA test questions, {mode}"
+        row("RL", f"SFT model, {where}", num(f"rl.heldout_sft_{tag}"), rl_chance)
+        row("RL", f"{arm}, {where}", num(f"rl.heldout_rl_{tag}_mean"), rl_chance)
+        row("RL", f"RL − SFT, {mode}, paired over the questions", num(f"rl.paired_ci_{tag}.difference", sign=True), None, get(f"rl.paired_ci_{tag}"))
+    row("efficiency", "tokens per task: teacher → CoA model", both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
+    row("efficiency", "token reduction (%)", num("results.token_reduction_pct"))
+    row("efficiency", "tool calls per solved task: teacher → CoA model",
+        both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"))
+    row("test-time scaling", "Best-of-N", num("results.best_of_n"))
+    row("test-time scaling", "pass@k", num("results.pass_at_k"))
+    if get("reproduce_seconds") is not None or get("seconds"): row("run", "time", run_times(record).removesuffix("."))
+    model = get("parameters.model") or get("profile")
+    head = (f"Profile `{record.get('profile')}` · model `{model}` · graded strictly (exact match; a hedge of several answers scores 0) on "
+            f"afm's generated suites · {str(record.get('date', '?'))[:10]} on {get('machine.cpus') or '?'} CPUs"
+            + (f" · **the run failed** ({', '.join(record['failed'])}): see `reports/README.md`" if record.get("failed") else "")
+            + ". These are a small model's numbers on generated tasks, not comparable with the paper's benchmarks.")
+    return "\n".join([head, "", "| stage | figure | value | chance | 95% CI |", "|---|---|---|---|---|", *rows]) + "\n"
+
+
+def update_readme(readme: Path | str, record: dict[str, Any]) -> bool:
+    "Rewrite the block of `readme` between `RESULTS_MARKERS` with `results_table(record)`; False (and nothing written) when it has no such block."
+    readme, (start, end) = Path(readme), RESULTS_MARKERS
+    text = readme.read_text() if readme.is_file() else ""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end): return False
+    head, rest = text.split(start)
+    new = f"{head}{start}\n{results_table(record)}{end}{rest.split(end)[1]}"
+    if new != text: readme.write_text(new)
+    return True
+
 # %% ../nbs/12_reproduce.ipynb #5730018a
 def provenance(reports: Path | str, key: str, nb: Path, library: str) -> dict[str, Any]:
     "Which commit produced chapter `key`'s figures (its `run.json`), and whether its notebook or the `library` hash changed since."
-    done = Path(reports) / key / "run.json"
-    if not done.is_file(): return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
-    ran = json.loads(done.read_text())
+    try: ran = read_json(Path(reports) / key / "run.json")
+    except ValueError as e: return {"commit": None, "stale": f"its run.json is damaged ({str(e).split('(', 1)[-1].split(')')[0]})"}
+    if not isinstance(ran, dict): return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
     changed = [what for what, now in (("notebook", _sha256(nb) if nb.is_file() else None), ("library", library))
                if ran.get(f"{what}_sha256") != now]
     return {"commit": ran.get("commit"), "finished": ran.get("finished"),
@@ -223,7 +461,8 @@ def provenance(reports: Path | str, key: str, nb: Path, library: str) -> dict[st
 
 def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[Chapter] = CHAPTERS, root: Path | str | None = None) -> None:
     """Write `metrics.json` and the markdown report card `README.md` into `reports`; with the repository `root`, each
-    chapter says which commit produced its figures and is flagged when its notebook or the library changed since."""
+    chapter says which commit produced its figures and is flagged when its notebook or the library changed since, and a
+    run of `tiny` into its default reports also rewrites the results table of the repository's README (`update_readme`)."""
     reports = Path(reports); reports.mkdir(parents=True, exist_ok=True)
     if root is not None:
         library = library_sha256(root)
@@ -237,41 +476,56 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
                   + (f". Not run after it: {', '.join(f'`{k}`' for k in not_run)}." if not_run else "."), ""]
     lines += [f"Regenerated by `make reproduce PROFILE={record['profile']}` on {record['date']} "
              f"({record['machine']['cpus']} CPUs, {record['machine']['memory_gib']} GiB, "
-             f"GPUs: {', '.join(record['machine']['gpus']) or 'none'}). Every number below is in `metrics.json`.", ""]
+             f"GPUs: {', '.join(record['machine']['gpus']) or 'none'}). Every number below is in `metrics.json`.", "",
+             f"**Time:** {run_times(record)}", ""]
     for ch in table:
         key = ch.key
         if key not in record: continue
-        lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({record['seconds'].get(key, '?')} s)", ""]
+        resumed = " — resumed from an earlier run" if key in (record.get("resumed") or []) else ""
+        lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({(record.get('seconds') or {}).get(key, '?')} s{resumed})", ""]
         if prov := record.get("provenance", {}).get(key):
             lines += [f"Produced by commit `{prov['commit'] or 'unknown'}`" + (f", finished {prov['finished']}." if prov.get("finished") else ".")
                       + (f" **Stale: {prov['stale']}; rerun `afm run --chapters {ch.notebook}`.**" if prov["stale"] else ""), ""]
+        if defaults := (record.get("defaults") or {}).get(key):
+            lines += ["At the notebook's defaults (the profile does not set them): " + ", ".join(f"`{k} = {v}`" for k, v in defaults.items()), ""]
         lines += ["| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in record[key].items()] + [""]
     lines += ["## Versions", "", " · ".join(f"{k} {v}" for k, v in record["versions"].items() if v), ""]
     (reports / "README.md").write_text("\n".join(lines))
+    if root is not None and record["profile"] == "tiny" and reports.resolve() == default_reports("tiny", root).resolve():
+        update_readme(Path(root) / "README.md", record)
 
 # %% ../nbs/12_reproduce.ipynb #c06adf70
 def cli_run(argv: list[str] | None = None) -> int:
     "`afm run`: run the pipeline headless for a profile and write reports/."
     p = argparse.ArgumentParser(prog="afm run", description="Run the chapters headless with papermill for a profile and write "
-                                "reports/ (metrics.json, the report card, tables and figures).")
+                                "reports/ (metrics.json, the report card, tables and figures; for tiny also the README's results table). "
+                                "It prints the run's expected time first (from the last run's chapter times, else the profile's "
+                                "expected_minutes) and records its wall time in metrics.json.")
     p.add_argument("--profile", default="tiny", help="a section of settings.ini (default: tiny)")
     p.add_argument("--chapters", nargs="+", metavar="CHAPTER", help="only these chapters, e.g. 00_coa or coa (default: all)")
     p.add_argument("--reports", help="output folder (default: <repo>/reports, or <repo>/reports/<profile> for a profile other than tiny)")
     p.add_argument("--settings", help="profiles file (default: <repo>/settings.ini)")
     p.add_argument("--no-resume", action="store_true", help="rerun chapters that already finished with the same inputs")
-    p.add_argument("--list", action="store_true", help="list the profiles and chapters, then exit")
+    p.add_argument("--list", action="store_true", help="list the profiles (with their expected times) and chapters, then exit")
     p.add_argument("--log", action="store_true", help="stream the chapters' output")
+    p.add_argument("--started-at", type=float, metavar="EPOCH", help="when `make reproduce` started (seconds since the epoch): "
+                   "reproduce_seconds in metrics.json then counts the install too")
+    p.add_argument("--installed-at", type=float, metavar="EPOCH", help="when `make reproduce`'s install finished: install_seconds in metrics.json")
     a = p.parse_args(argv)
     try:
         if a.list:
             root = repo_root()
-            for name, params in load_profiles(a.settings).items(): print(f"profile {name}: {params.get('description', '')}")
+            for name, params in load_profiles(a.settings).items():
+                m = params.get("expected_minutes")
+                print(f"profile {name}" + (f" (expected about {duration(m * 60)})" if m else "") + f": {params.get('description', '')}")
             for ch, _ in pipeline_chapters(root / "nbs"): print(f"chapter {ch.notebook} -> {ch.key}")
             return 0
-        rec = run(a.profile, reports=a.reports, chapters=a.chapters, resume=not a.no_resume, settings=a.settings, log=a.log)
+        rec = run(a.profile, reports=a.reports, chapters=a.chapters, resume=not a.no_resume, settings=a.settings, log=a.log,
+                  started_at=a.started_at, installed_at=a.installed_at)
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:
         print(f"afm run: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 1
-    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.key in rec))
+    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.key in rec)
+          + f" in {duration(rec.get('run_seconds'))}")
     return 0

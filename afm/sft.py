@@ -258,7 +258,7 @@ MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that l
 OPTIMIZERS = ("adamw", "muon")
 REPORTS = ("none", "tensorboard", "trackio", "wandb")  # where a run's log may also go (log.json always)
 CHAPTER_KEYS = ("sft_demo_steps", "sft_val_per_suite", "sft_choose", "sft_test_per_suite", "sft_test_max_new_tokens", "sft_fewshot",
-                "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
+                "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also", "sft_floor_per_suite")  # the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
 
 
 def known_schedulers() -> list[str]:

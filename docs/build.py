@@ -7,7 +7,8 @@ sources to `<out>/src` and the site to `<out>/html`; it executes no notebook:
 - a chapter is the executed notebook that `afm run` keeps in `reports/notebooks/` where one exists (with its
   outputs, tables and figures), else the source notebook from `nbs/`, whose page then says it has no outputs;
   cells flagged `#| hide` are dropped and nbdev's `#|` directives removed from the code shown;
-- the results page is `reports/README.md` (the report card) with every figure under `reports/`;
+- the results page is `reports/README.md` (the report card) with every figure under `reports/`, and a link to the
+  trajectory browser where `afm browse` wrote one (`reports/browse/index.html`, copied into the site as it is);
 - each chapter ends with the API reference of the module it exports, from the docstrings (autodoc).
 """
 
@@ -49,6 +50,7 @@ def default_exp(nb) -> str | None:
     return None
 
 
+BROWSE = Path("browse") / "index.html"  # where `afm browse` writes its page by default, under reports/
 LINK = re.compile(r"\]\((index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")
 
 
@@ -133,8 +135,20 @@ def write_results(src: Path, reports: Path) -> int:
     if rest:
         sections.append("## Other figures\n\nThe other profiles' and studies' figures.\n\n"
                         + "\n".join(figure_md(f, reports, src) for f in rest))
+    if (reports / BROWSE).is_file():  # `afm browse` wrote a page: the site carries it as it is (one self-contained file)
+        sections.append("## Browse trajectories\n\n<p><a href=\"browse/index.html\">Browse trajectories</a>: the teacher's runs, "
+                        "the distilled rows and the models' rollouts side by side (written by <code>afm browse</code>).</p>\n")
     (src / "results.md").write_text("".join(sections))
     return len(figures)
+
+
+def copy_browse(reports: Path, html: Path) -> bool:
+    "Copy the page `afm browse` wrote (`reports/browse/index.html`) into the site, beside the results page it is linked from."
+    if not (reports / BROWSE).is_file():
+        return False
+    (html / "browse").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(reports / BROWSE, html / "browse" / "index.html")
+    return True
 
 
 def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Path:
@@ -148,6 +162,7 @@ def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Pa
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(REPO / "docs"), str(src), str(html),
            "-d", str(out / "doctrees")] + (["-q"] if quiet else [])
     subprocess.run(cmd, check=True, cwd=REPO)
+    copy_browse(reports, html)
     print(f"docs: {len(stems)} chapters, {n_fig} figures -> {html}/index.html ({time.time() - t0:.0f} s)")
     return html / "index.html"
 

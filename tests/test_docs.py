@@ -9,6 +9,7 @@ browsing) is the browser's, not the page's, and is not counted. Skipped, with th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -95,12 +96,12 @@ def site(tmp_path_factory) -> Path:
     return out / "html"
 
 
-@pytest.fixture(scope="module")
-def browser(site, tmp_path_factory):
-    "(the site's base URL, a Chromium tab): the site served by `python -m http.server` on a free localhost port."
-    port, profile = free_port(), tmp_path_factory.mktemp("chromium")
+@contextlib.contextmanager
+def serve_and_open(directory: Path, profile: Path):
+    "(base URL, a Chromium tab): `directory` served by `python -m http.server` on a free localhost port, and headless Chromium."
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                               "--directory", str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--directory", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     chrome = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                                "--disable-dev-shm-usage", "--no-proxy-server", f"--user-data-dir={profile}", "--remote-debugging-port=0",
@@ -132,6 +133,13 @@ def browser(site, tmp_path_factory):
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser(site, tmp_path_factory):
+    "(the site's base URL, a Chromium tab): the site served on localhost and read in headless Chromium."
+    with serve_and_open(site, tmp_path_factory.mktemp("chromium")) as opened:
+        yield opened
 
 
 def load(browser, path: str):

@@ -1,0 +1,158 @@
+"""The trajectory browser (`afm browse`): a page built from real teacher runs, distilled rows and graded records, served on
+localhost and read in headless Chromium over the DevTools protocol (the helpers of tests/test_docs.py).
+
+Asserts what a reader sees: each task with every source that holds it, steps in their roles' colours, observations marked
+as masked, format problems, model output shown as text (never markup), filters by suite, outcome and source that change
+what is shown, and no request leaving localhost. The browser tests skip, with the reason, only where Debian's `chromium`
+(or websocket-client) is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed here "
+                                    "(`make install` installs it with apt-get, which needs root)")
+EVIL = "</script><script>alert(1)</script><img src=http://example.com/x.png> & <!--"
+
+
+def _episode(traj, cut=None):
+    "An episode that wrote `traj`: whole, or its rendered text cut at `cut` characters (a format failure)."
+    from afm.coa import parse, render
+    from afm.rollout import Episode
+    t = traj if cut is None else parse(render(traj)[:cut], task_id=traj.task_id, question=traj.question)
+    return Episode(traj.task_id, [], trajectory=t, end="answer" if cut is None else "unclosed",
+                   format_error=(t.problems or [None])[0], tool_calls=sum(s.observation is not None for s in t.steps))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict:
+    """Real sources: the offline teacher on one task per suite (`afm.distill`), and a model's records made by
+    `afm.evaluate.grade_episode` (every other kept trajectory whole, the rest cut short), one of them with hostile text."""
+    from afm.coa import Trajectory
+    from afm.distill import DistillConfig, distill
+    from afm.evaluate import grade_episode
+    d = tmp_path_factory.mktemp("browse")
+    cfg = DistillConfig(tasks_per_suite=1, workers=1)
+    distill(d / "distill", cfg, progress=False)
+    tasks = {t.id: t for t in cfg.load_tasks()}
+    kept = [Trajectory.from_json(json.loads(l)["trajectory"]) for l in (d / "distill" / "sft.jsonl").read_text().splitlines()]
+    recs = [grade_episode(tasks[t.task_id], _episode(t, None if i % 2 == 0 else 300)) for i, t in enumerate(kept)]
+    evil = recs[0]["trajectory"]
+    recs[0]["trajectory"] = {**evil, "steps": [{"role": "think", "text": EVIL, "observation": None}, *evil["steps"]]}
+    (d / "model.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return {"dir": d, "tasks": tasks, "kept": kept, "records": recs}
+
+
+@pytest.fixture(scope="module")
+def site(sources) -> Path:
+    "The page, written by `afm browse` as a user runs it."
+    d = sources["dir"]
+    r = subprocess.run([str(Path(sys.executable).with_name("afm")), "browse", "--out", str(d / "site" / "index.html"),
+                        "--records", f"model={d / 'model.jsonl'}", "--distill", str(d / "distill")],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d / "site"
+
+
+@pytest.fixture(scope="module")
+def page(site, tmp_path_factory):
+    "A Chromium tab with the page loaded from localhost; no request may leave it."
+    pytest.importorskip("websocket", reason="websocket-client comes with the `docs` extra (`make install`)")
+    if CHROMIUM is None: pytest.skip("Debian's chromium is not installed here")
+    from test_docs import load, serve_and_open
+    with serve_and_open(site, tmp_path_factory.mktemp("chromium")) as browser:
+        yield load(browser, "index.html")
+
+
+def shown_tasks(page) -> list[str]:
+    return page.js("[...document.querySelectorAll('section.task')].filter(s => !s.hidden).map(s => s.querySelector('.id').textContent)")
+
+
+def click(page, name: str, value: str):
+    assert page.js(f"(() => {{ const c = document.querySelector('input[name={name}][value=\"{value}\"]'); c.click(); return c.checked; }})()") is not None
+
+
+@needs_chromium
+def test_every_task_with_every_source(page, sources):
+    cards = page.js("[...document.querySelectorAll('section.task')].map(s => [s.querySelector('.id').textContent, "
+                    "s.querySelector('h2').textContent, [...s.querySelectorAll('.view')].map(v => v.dataset.source)])")
+    kept = {t.task_id for t in sources["kept"]}
+    assert len(cards) == len(sources["tasks"])
+    for ident, question, views in cards:
+        task_id = ident.split(" · ")[1]
+        assert question == sources["tasks"][task_id].question
+        assert views == (["teacher", "distilled", "model"] if task_id in kept else ["teacher"]), (task_id, views)
+    facts = page.js("document.querySelector('.view[data-source=model] .facts').textContent")
+    assert "reward" in facts and "tokens (sampled)" in facts and "tool calls" in facts, facts
+
+
+@needs_chromium
+def test_steps_in_their_roles_colours_and_observations_masked(page):
+    from afm.browse import role_colours
+    colours = page.js("Object.fromEntries([...document.querySelectorAll('.step')].map(s => [s.dataset.role, getComputedStyle(s).borderLeftColor]))")
+    want = {r: "rgb({}, {}, {})".format(*(int(c[i:i + 2], 16) for i in (1, 3, 5))) for r, c in role_colours().items()}
+    assert {"think", "plan", "answer"} <= set(colours) and all(colours[r] == want[r] for r in colours), (colours, want)
+    assert len({colours[r] for r in ("think", "plan", "answer")}) == 3
+    masked = page.js("[...document.querySelectorAll('.view[data-source=distilled] .obs, .view[data-source=model] .obs')].map(o => o.innerText)")
+    assert masked and all("masked (not trained on)" in m for m in masked), masked[:2]
+    teacher = page.js("[...document.querySelectorAll('.view[data-source=teacher] .obs')].map(o => o.innerText)")
+    assert teacher and all("tool output" in t for t in teacher)
+    assert page.js("document.querySelectorAll('.view[data-outcome=\"format failure\"] .problems').length") > 0
+
+
+@needs_chromium
+def test_model_output_stays_text(page):
+    assert page.js("document.querySelectorAll('img').length") == 0 and page.js("document.querySelectorAll('script').length") == 2
+    assert EVIL in page.js("document.body.innerText")
+
+
+@needs_chromium
+def test_filters_change_what_is_shown(page, sources):
+    all_tasks = shown_tasks(page)
+    suites = {t.source for t in sources["tasks"].values()}
+    keep = sorted(suites)[0]
+    for s in suites - {keep}: click(page, "suite", s)
+    assert shown_tasks(page) and all(i.startswith(keep + " · ") for i in shown_tasks(page)), shown_tasks(page)
+    for s in suites - {keep}: click(page, "suite", s)
+    assert shown_tasks(page) == all_tasks
+    outcomes = page.js("[...document.querySelectorAll('input[name=outcome]')].map(c => c.value)")
+    for o in outcomes:
+        if o != "format failure": click(page, "outcome", o)
+    failed = {r["task_id"] for r in sources["records"] if r["format_failure"]}
+    assert failed and {i.split(" · ")[1] for i in shown_tasks(page)} == failed
+    for o in outcomes:
+        if o != "format failure": click(page, "outcome", o)
+    click(page, "source", "teacher")
+    assert page.js("[...document.querySelectorAll('.view[data-source=teacher]')].every(v => v.hidden)")
+    assert len(shown_tasks(page)) == len(sources["kept"])  # the tasks only the teacher holds hide with it
+    page.js("(() => { const q = document.getElementById('q'); q.value = %s; q.dispatchEvent(new Event('input')); })()"
+            % json.dumps(sources["kept"][0].task_id))
+    assert shown_tasks(page) == [f"{sources['tasks'][sources['kept'][0].task_id].source} · {sources['kept'][0].task_id}"]
+    assert "1 of" in page.js("document.getElementById('count').textContent")
+
+
+def test_docs_site_links_the_page(tmp_path, site):
+    "`make docs` copies a page `afm browse` wrote under reports/ into the site and links it from the results page."
+    spec = importlib.util.spec_from_file_location("docs_build", REPO / "docs" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    reports, src, html = tmp_path / "reports", tmp_path / "src", tmp_path / "html"
+    src.mkdir()
+    (reports / "browse").mkdir(parents=True)
+    build.write_results(src, reports)
+    assert "browse/index.html" not in (src / "results.md").read_text() and not build.copy_browse(reports, html)
+    shutil.copy(site / "index.html", reports / "browse" / "index.html")
+    build.write_results(src, reports)
+    assert '<a href="browse/index.html">' in (src / "results.md").read_text()
+    assert build.copy_browse(reports, html) and (html / "browse" / "index.html").read_bytes() == (site / "index.html").read_bytes()

@@ -1,0 +1,153 @@
+"""The documented path for a released checkpoint, on CPU: a real `afm serve model` stands in for `vllm serve <checkpoint>`
+and a second one for the judge's endpoint; `afm eval --endpoint ... --judge-url ... --profile paper-eval-afm-web-32b`
+runs against them. What the servers receive is recorded by a pass-through proxy in front of each, so the test sees the
+requests as a server sees them: the profile's decoding and token ids, and the paper's judge prompt."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+AFM = str(Path(sys.executable).with_name("afm"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+PROFILE = "paper-eval-afm-web-32b"
+
+
+@pytest.fixture(scope="module")
+def tiny_folder():
+    "The tool-calling tiny model's folder (fitted once and cached by `afm.fit`): the policy."
+    from afm.fit import tool_calling_tiny
+    return Path(tool_calling_tiny()[0].name_or_path)
+
+
+@pytest.fixture(scope="module")
+def judge_folder(tiny_folder, tmp_path_factory):
+    "The same weights with room for the judge's prompt and its two retries (RoPE positions: only the context grows)."
+    import shutil
+    folder = shutil.copytree(tiny_folder, tmp_path_factory.mktemp("judge") / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    return folder
+
+
+def serve(folder):
+    "`afm serve model` on a free port: the process and its URL as it prints it (with /v1)."
+    proc = subprocess.Popen([AFM, "serve", "model", "--model", str(folder), "--port", "0"], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serving "), line
+    return proc, line.split(" at ")[1].strip()
+
+
+def recording_proxy(target: str):
+    "A pass-through HTTP proxy to `target` (a server's root) that keeps each request's path and JSON body: `(server, url, seen)`."
+    seen = []
+
+    class Forward(BaseHTTPRequestHandler):
+        def _forward(self, method):
+            body = self.rfile.read(int(self.headers.get("content-length") or 0)) or None
+            if body: seen.append((self.path, json.loads(body)))
+            r = httpx.request(method, target + self.path, content=body, headers={"content-type": "application/json"}, timeout=300)
+            self.send_response(r.status_code)
+            self.send_header("content-type", r.headers.get("content-type", "application/json"))
+            self.send_header("content-length", str(len(r.content)))
+            self.end_headers(); self.wfile.write(r.content)
+        def do_GET(self): self._forward("GET")
+        def do_POST(self): self._forward("POST")
+        def log_message(self, *args): pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}", seen
+
+
+def web_copy(**kwargs):
+    """world-atomic's questions as web tasks (graded by the judge), which the tiny model was fitted to search and answer;
+    their ids, and so their episodes' seeds, are world-atomic's."""
+    from afm.tasks import load_benchmark
+    return [dataclasses.replace(t, kind="web", source="released-web") for t in load_benchmark("world-atomic", **kwargs)]
+
+
+def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, judge_folder, tmp_path, monkeypatch, capsys):
+    from afm.core import load_profile
+    from afm.evaluate import cli_eval, eval_config
+    from afm.grading import JUDGE_PROMPT, JUDGE_RETRY, JUDGE_SYSTEM, answer_text, judge_gold
+    from afm.models import load_tokenizer
+    from afm.tasks import register_benchmark
+    cfg = eval_config(load_profile(PROFILE))
+    assert (cfg.temperature, cfg.top_p, cfg.max_turns, cfg.prompt_layout) == (1.0, 0.9, 36, "user")  # the paper's web inference
+    register_benchmark("released-web", web_copy)
+    for k in ("AFM_JUDGE_BASE_URL", "AFM_JUDGE_MODEL", "AFM_JUDGE_API_KEY", "AFM_JUDGE_CACHE"): monkeypatch.delenv(k, raising=False)
+    t0 = time.monotonic()
+    (policy, policy_url), (judge, judge_url) = serve(tiny_folder), serve(judge_folder)
+    proxies = []
+    try:
+        proxies = [recording_proxy(u.removesuffix("/v1")) for u in (policy_url, judge_url)]
+        (_, p_url, p_seen), (_, j_url, j_seen) = proxies
+        out = tmp_path / "released.jsonl"
+        code = cli_eval(["--profile", PROFILE, "--model", str(tiny_folder), "--endpoint", f"{p_url}/v1", "--judge-url", f"{j_url}/v1",
+                         "--judge-model", "tiny-judge", "--suite", "released-web", "--split", "val", "--per-suite", "4", "--samples", "2",
+                         "--max-new-tokens", "64", "--system", "Search, then answer.", "--out", str(out)])
+        said = capsys.readouterr()
+        assert code == 0, said.err[-2000:]
+    finally:
+        for server, _, _ in proxies: server.shutdown()
+        for proc in (policy, judge): proc.kill(); proc.wait()
+    # the policy's server got token ids in and asked for token ids back, at the profile's decoding, under the name it serves
+    completions = [b for path, b in p_seen if path == "/v1/completions"]
+    assert completions and all(b["temperature"] == 1.0 and b["top_p"] == 0.9 and b["return_token_ids"] is True for b in completions)
+    assert all(isinstance(b["prompt"], list) and all(isinstance(i, int) for i in b["prompt"]) for b in completions)
+    assert all(1 <= b["max_tokens"] <= 4096 and "</answer>" in b["stop"] for b in completions)
+    assert len({b["model"] for b in completions}) == 1 and not [p for p, _ in p_seen if p == "/v1/chat/completions"]
+    tok = load_tokenizer(str(tiny_folder))
+    first = tok.decode(completions[0]["prompt"])
+    assert "Search, then answer.\n\n" in first and "system" not in first.split("Search, then answer.")[0].lower()  # the user-turn layout
+    # the records: every pair, graded; the key says how they were made
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    key = json.loads(out.with_suffix(".key.json").read_text())
+    assert len(recs) == 8 and all(isinstance(r["reward"], float) and 0.0 <= r["reward"] <= 1.0 for r in recs)
+    assert key["rollout"]["temperature"] == 1.0 and key["rollout"]["top_p"] == 0.9 and key["rollout"]["max_turns"] == 36
+    assert key["rollout"]["prompt_layout"] == "user" and key["judge"] == "tiny-judge" and key["model"] == f"{tiny_folder}@{p_url}/v1"
+    assert len(completions) <= 36 * len(recs)
+    # the judge: asked in the paper's prompt, filled with the question, the gold answer and the prediction; the tiny model's
+    # replies hold no verdict, so after two more asks each answer scores 0, strictly, and the record says why
+    judged = [r for r in recs if r["kind"] == "web" and r["answer"] is not None]
+    assert judged, "no web episode answered: nothing reached the judge"
+    asks = [b for path, b in j_seen if path == "/v1/chat/completions"]
+    assert len(asks) == 3 * len(judged) and all(b["model"] == "tiny-judge" and b["temperature"] == 0.0 for b in asks)
+    tasks = {t.id: t for t in web_copy(split="val")}
+    firsts = [b["messages"] for b in asks if len(b["messages"]) == 2]
+    for r in judged:
+        t = tasks[r["task_id"]]
+        want = JUDGE_PROMPT.format(question=t.question, gold=judge_gold(t), prediction=answer_text(r["answer"]))
+        assert [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": want}] in firsts
+        assert r["reward"] == 0.0 and "gave no verdict in 3 replies" in r["judge_error"]
+    assert all(b["messages"][-1] == {"role": "user", "content": JUDGE_RETRY} for b in asks if len(b["messages"]) > 2)
+    assert f"{len(judged)} answers got no verdict from the judge and score 0" in said.out
+    assert time.monotonic() - t0 < 120
+
+
+@pytest.mark.parametrize("suite, flags, says", [
+    ("world-atomic", ["--endpoint", "http://127.0.0.1:9/v1"], "the endpoint http://127.0.0.1:9/v1 does not answer"),
+    ("fanoutqa", ["--endpoint", "http://127.0.0.1:9/v1", "--judge-url", "http://127.0.0.1:9/v1"],
+     "the judge endpoint http://127.0.0.1:9/v1 does not answer"),
+    ("fanoutqa", ["--endpoint", "http://127.0.0.1:9/v1", "--judge-model", "judge"], "--judge-model names the model of --judge-url"),
+    ("world-atomic", ["--served-model", "x"], "--served-model names the model an --endpoint serves"),
+])
+def test_a_down_endpoint_or_judge_is_one_line(tiny_folder, tmp_path, suite, flags, says):
+    "With the released profile, a server or judge that does not answer is one line naming it, before anything is generated."
+    env = {k: v for k, v in ENV.items() if not k.startswith("AFM_JUDGE_")}
+    t0 = time.monotonic()
+    r = subprocess.run([AFM, "eval", "--profile", PROFILE, "--model", str(tiny_folder), "--suite", suite, "--per-suite", "2",
+                        "--out", str(tmp_path / "r.jsonl"), *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("afm eval: ") and says in lines[0], r.stderr[-1000:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "r.jsonl").exists() and time.monotonic() - t0 < 60
