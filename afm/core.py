@@ -20,9 +20,9 @@ from typing import Any, Iterable, Iterator
 
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'code_digest', 'package_dir', 'package_file',
-           'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'settings_path', 'load_profiles', 'load_profile',
-           'check_value', 'check_keys', 'profile_config', 'config_parser', 'parse_configs', 'stage_parser',
-           'stage_profile', 'FieldTypeError', 'check_range', 'check_fields']
+           'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'default_reports', 'settings_path', 'load_profiles',
+           'load_profile', 'check_value', 'check_keys', 'profile_config', 'config_parser', 'parse_configs',
+           'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range', 'check_fields']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -180,6 +180,11 @@ def data_dir(stage: str, profile: str, root: Path | str | None = None) -> Path:
     """Where stage `stage` (`distill`, `sft`, `rl`) keeps its output for `profile`: `<repo>/data/<stage>/<profile>`. The one
     rule every chapter and command follows, wherever the reports go, so a later stage finds what an earlier one wrote."""
     return repo_root(root) / "data" / stage / profile
+
+
+def default_reports(profile: str, root: Path | str | None = None) -> Path:
+    "Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs), `reports/<profile>/` for any other."
+    return repo_root(root) / "reports" / ("" if profile == "tiny" else profile)
 
 # %% ../nbs/00a_core.ipynb #da2a91d2
 def _value(raw: str) -> Any:

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,15 +22,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import CHAPTERS, Chapter, check_keys, data_dir, load_profile, load_profiles, repo_root, settings_path
+from .core import CHAPTERS, Chapter, check_keys, data_dir, default_reports, load_profile, load_profiles, repo_root, settings_path
 
 # %% auto #0
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'PACKAGES', 'READS', 'READS_FROM', 'QUIET_KERNEL',
            'RESULTS_MARKERS', 'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'versions',
-           'machine', 'library_sha256', 'git_commit', 'read_json', 'previous_record', 'duration', 'has_data',
-           'chapter_input', 'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter',
-           'default_reports', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'run', 'run_times', 'results_table',
-           'update_readme', 'provenance', 'write_reports', 'cli_run']
+           'machine', 'chapter_modules', 'library_sha256', 'git_commit', 'read_json', 'previous_record', 'duration',
+           'has_data', 'chapter_input', 'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults',
+           'run_chapter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'run', 'browse_page', 'run_times',
+           'results_table', 'update_readme', 'provenance', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -97,10 +98,26 @@ def machine() -> dict[str, Any]:
 def _sha256(path: Path) -> str: return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def library_sha256(root: Path | str) -> str:
-    "A hash of the exported library (`afm/*.py`): a chapter reruns when any code it may call has changed."
-    h = hashlib.sha256()
-    for f in sorted((Path(root) / "afm").glob("*.py")): h.update(f.name.encode() + b"\0" + f.read_bytes())
+_USES = re.compile(r"\bafm\.(\w+)|from \.(\w+) import")  # `afm.x` anywhere (imports, lazy imports, prose), `from .x import`
+
+
+def chapter_modules(root: Path | str, nb: Path | str, own: str | None = None) -> list[str]:
+    "The modules of `afm/` chapter `nb` may call: its own (`own`), those its notebook names, and those they name, transitively."
+    lib, found = Path(root) / "afm", set()
+    todo = {a or b for a, b in _USES.findall(Path(nb).read_text())} | ({own} if own else set())
+    while todo:
+        m = todo.pop()
+        if m in found or not (lib / f"{m}.py").is_file(): continue
+        found.add(m); todo |= {a or b for a, b in _USES.findall((lib / f"{m}.py").read_text())}
+    return sorted(found)
+
+
+def library_sha256(root: Path | str, modules: Sequence[str] | None = None) -> str:
+    """A hash of the exported library (`afm/*.py`, or only `modules`, as `chapter_modules` finds them) and its data files
+    (`afm/*.json`): a chapter reruns when code it may call has changed, and only then."""
+    lib, h = Path(root) / "afm", hashlib.sha256()
+    files = sorted(lib.glob("*.py")) if modules is None else [lib / f"{m}.py" for m in sorted(modules)]
+    for f in [*files, *sorted(lib.glob("*.json"))]: h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 
@@ -235,11 +252,6 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
     if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must write its figures there")
     return figures
 
-# %% ../nbs/12_reproduce.ipynb #3373f9dc
-def default_reports(profile: str, root: Path | str | None = None) -> Path:
-    "Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs), `reports/<profile>/` for any other."
-    return repo_root(root) / "reports" / ("" if profile == "tiny" else profile)
-
 # %% ../nbs/12_reproduce.ipynb #bf2ab483
 @dataclasses.dataclass
 class Step:
@@ -265,11 +277,11 @@ def finished(folder: Path, stamp: dict[str, Any], data: Path | None = None) -> d
 def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[str, Any], reports: Path, root: Path,
              resume: bool = True) -> list[Step]:
     "The steps of a run: each chapter with its inputs; resumed while it and every chapter above it finished with the same inputs."
-    library, steps, rerun = library_sha256(root), [], not resume
+    steps, rerun = [], not resume
     for ch, nb in chapters:
         p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
         stamp = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS}, "parameters": p,
-                 "notebook_sha256": _sha256(nb), "library_sha256": library}
+                 "notebook_sha256": _sha256(nb), "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
         feeds = data_dir(ch.key, profile, root) if ch.key in READS.values() else None  # data a later chapter reads
         done = None if rerun else finished(reports / ch.key, stamp, feeds)
         rerun = rerun or done is None  # data flows down the table: what follows a chapter that runs runs too
@@ -347,9 +359,27 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     record["reproduce_seconds"] = round(end - (started_at or t_run), 1)
     if started_at and installed_at: record["install_seconds"] = round(installed_at - started_at, 1)
     else: record.pop("install_seconds")
+    if not failure and "results" in {s.chapter.key for s in steps}: browse_page(profile, reports, root)
     write_reports(record, reports, table, root)
     if failure: raise failure
     return record
+
+# %% ../nbs/12_reproduce.ipynb #b70e5e01
+def browse_page(profile: str, reports: Path, root: Path | str | None = None, limit: int = 100) -> Path | None:
+    """`reports/browse/index.html` (`afm.browse`): the teacher's runs on the results chapter's test questions beside the SFT
+    and RL models' greedy answers to them; None, said in one line, when a source is missing (the run is not failed for it)."""
+    from afm.browse import write_page
+    rl, teacher = data_dir("rl", profile, root) / "summary.json", data_dir("results", profile, root)
+    try:
+        recs = (read_json(rl) or {}).get("test_records") or {}
+        if not recs or not (teacher / "runs.jsonl").is_file(): raise FileNotFoundError(f"{rl} or {teacher / 'runs.jsonl'} is missing")
+        names = {"sft_greedy": "SFT", "rl0_greedy": "RL"}
+        out = Path(reports) / "browse" / "index.html"
+        write_page(out, {names.get(k, k): p for k, p in recs.items()}, teacher, limit, f"afm: trajectories, profile {profile}")
+        return out
+    except (OSError, ValueError) as e:
+        print(f"afm run: no trajectory page: {e}", file=sys.stderr)
+        return None
 
 # %% ../nbs/12_reproduce.ipynb #bbdcf816
 RESULTS_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")  # the README's generated block lies between these
@@ -465,8 +495,8 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
     run of `tiny` into its default reports also rewrites the results table of the repository's README (`update_readme`)."""
     reports = Path(reports); reports.mkdir(parents=True, exist_ok=True)
     if root is not None:
-        library = library_sha256(root)
-        record["provenance"] = {c.key: provenance(reports, c.key, Path(root) / "nbs" / f"{c.notebook}.ipynb", library)
+        nb = lambda c: Path(root) / "nbs" / f"{c.notebook}.ipynb"
+        record["provenance"] = {c.key: provenance(reports, c.key, nb(c), library_sha256(root, chapter_modules(root, nb(c), c.module)) if nb(c).is_file() else None)
                                 for c in table if c.key in record}
     (reports / "metrics.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     failed, not_run = record.get("failed") or {}, record.get("not_run") or []
