@@ -159,7 +159,7 @@ def duration(seconds: float | None) -> str:
     return f"{h} h {m:02d} min"
 
 # %% ../nbs/12_reproduce.ipynb #cdff063f
-READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft"}  # chapter key -> the stage whose data (`data_dir`) it reads
+READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft", "results": "rl"}  # chapter key -> the stage whose data (`data_dir`) it reads
 READS_FROM = {"rl": "rl_sft_from"}  # the profile key naming another profile whose data it reads (empty: its own)
 
 
@@ -429,16 +429,22 @@ def run_times(record: dict[str, Any]) -> str:
 def results_table(record: dict[str, Any]) -> str:
     """The headline results of a run (the content of `metrics.json`) as markdown: a line naming the model, profile and grading,
     then one row per figure with its chance level and 95% interval where measured. Figures the record lacks are left out."""
-    get, rows = lambda path: _dig(record, path), []
-    def row(stage, figure, value, chance=None, ci=None):
-        if value is not None and value != "": rows.append(f"| {stage} | {figure} | {value} | {'' if chance is None else _num(chance)} | {_ci(ci)} |")
+    from afm.results import paper_results
+    get, rows, paper = lambda path: _dig(record, path), [], paper_results()
+    pt = lambda table, model, col: next((r["values"].get(col) for r in paper["tables"][table]["rows"] if r["model"] == model), None)
+    def row(stage, figure, value, chance=None, ci=None, published=""):
+        if value is not None and value != "":
+            rows.append(f"| {stage} | {figure} | {value} | {'' if chance is None else _num(chance)} | {_ci(ci)} | {published} |")
     num = lambda path, sign=False: None if get(path) is None else _num(get(path), sign)
     both = lambda a, b, sep=" → ": None if get(a) is None or get(b) is None else f"{_num(get(a))}{sep}{_num(get(b))}"
-    row("distillation", f"tasks given to the teacher ({get('distill.brain') or 'teacher'}) → trajectories kept", both("distill.tasks", "distill.dataset_rows"))
+    d = paper["distillation"]
+    row("distillation", f"tasks given to the teacher ({get('distill.brain') or 'teacher'}) → trajectories kept", both("distill.tasks", "distill.dataset_rows"),
+        published=f"web SFT set: {d['web_sft_rows']:,} trajectories, {d['web_mean_hops']} hops on average")
     row("distillation", "teacher tokens per task", num("distill.teacher_mean_tokens_per_task"))
     row("distillation", "teacher tool calls per task", num("distill.teacher_mean_tool_calls_per_task"))
     qa, suites = get("sft.world_qa_chance"), len(get("sft.chance") or {}) or "all"
-    row("SFT", "world QA (4 suites), test split, SFT model, greedy", num("sft.world_qa_sft_strict"), qa)
+    row("SFT", "world QA (4 suites), test split, SFT model, greedy", num("sft.world_qa_sft_strict"), qa,
+        published=f"AFM-SFT-32B on GAIA: {pt('web', 'AFM-SFT-32B', 'gaia')}%")
     row("SFT", "world QA, SFT model, temperature 1.0", num("sft.world_qa_sft_t1"), qa)
     row("SFT", "world QA, the untrained model", num("sft.world_qa_untrained"), qa)
     row("SFT", f"{get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy", num("sft.heldout_sft"),
@@ -451,20 +457,30 @@ def results_table(record: dict[str, Any]) -> str:
         where = f"{n} world QA test questions, {mode}" if n else f"world QA test questions, {mode}"
         row("RL", f"SFT model, {where}", num(f"rl.heldout_sft_{tag}"), rl_chance)
         row("RL", f"{arm}, {where}", num(f"rl.heldout_rl_{tag}_mean"), rl_chance)
-        row("RL", f"RL − SFT, {mode}, paired over the questions", num(f"rl.paired_ci_{tag}.difference", sign=True), None, get(f"rl.paired_ci_{tag}"))
+        row("RL", f"RL − SFT, {mode}, paired over the questions", num(f"rl.paired_ci_{tag}.difference", sign=True), None, get(f"rl.paired_ci_{tag}"),
+            published=f"GAIA at 32B {pt('web', 'AFM-SFT-32B', 'gaia')} → {pt('web', 'AFM-RL-32B', 'gaia')}; AIME25 at 7B "
+                      f"{pt('math', 'AFM-SFT-7B', 'aime25')} → {pt('math', 'AFM-RL-7B', 'aime25')}" if tag == "greedy" else "")
     row("efficiency", "tokens per task: teacher → CoA model", both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
-    row("efficiency", "token reduction (%)", num("results.token_reduction_pct"))
+    row("efficiency", f"token reduction (%), CoA RL model against the teacher on {get('results.tasks') or 'the same'} test questions",
+        num("results.token_reduction_pct"),
+        published=f"{paper['efficiency']['token_reduction_pct']}% fewer tokens than its MAS on GAIA")
     row("efficiency", "tool calls per solved task: teacher → CoA model",
         both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"))
-    row("test-time scaling", "Best-of-N", num("results.best_of_n"))
-    row("test-time scaling", "pass@k", num("results.pass_at_k"))
+    for arm in ("SFT", "RL"):
+        pk, bo, q = get(f"results.pass_at_k.{arm}") or {}, get(f"results.best_of_n.{arm}") or {}, get("results.tts_questions")
+        if pk: row("test-time scaling", f"{arm} model, {q} test questions at T=1.0: pass@1 → pass@{max(pk, key=int)}",
+                   f"{_num(pk['1'])} → {_num(pk[max(pk, key=int)])}", get("results.chance"))
+        if "best_of_3_vote" in bo: row("test-time scaling", f"{arm} model: Best-of-3 by majority vote (pass@3: {_num(pk.get('3'))})",
+                                       _num(bo["best_of_3_vote"]), get("results.chance"), published=f"AFM on GAIA: Best-of-3 "
+                                       f"{pt('tts', 'AFM (32B)', 'gaia_best_of_3')}, pass@3 {pt('tts', 'AFM (32B)', 'gaia_pass_at_3')}" if arm == "RL" else "")
     if get("reproduce_seconds") is not None or get("seconds"): row("run", "time", run_times(record).removesuffix("."))
     model = get("parameters.model") or get("profile")
     head = (f"Profile `{record.get('profile')}` · model `{model}` · graded strictly (exact match; a hedge of several answers scores 0) on "
             f"afm's generated suites · {str(record.get('date', '?'))[:10]} on {get('machine.cpus') or '?'} CPUs"
             + (f" · **the run failed** ({', '.join(record['failed'])}): see `reports/README.md`" if record.get("failed") else "")
             + ". These are a small model's numbers on generated tasks, not comparable with the paper's benchmarks.")
-    return "\n".join([head, "", "| stage | figure | value | chance | 95% CI |", "|---|---|---|---|---|", *rows]) + "\n"
+    return "\n".join([head, "", "| stage | figure | value | chance | 95% CI | the paper (its own models and benchmarks) |",
+                      "|---|---|---|---|---|---|", *rows]) + "\n"
 
 
 def update_readme(readme: Path | str, record: dict[str, Any]) -> bool:
@@ -507,7 +523,7 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
     lines += [f"Regenerated by `make reproduce PROFILE={record['profile']}` on {record['date']} "
              f"({record['machine']['cpus']} CPUs, {record['machine']['memory_gib']} GiB, "
              f"GPUs: {', '.join(record['machine']['gpus']) or 'none'}). Every number below is in `metrics.json`.", "",
-             f"**Time:** {run_times(record)}", ""]
+             f"**Time:** {run_times(record)}", "", "## Headline figures, beside the paper's", "", results_table(record)]
     for ch in table:
         key = ch.key
         if key not in record: continue
