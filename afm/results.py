@@ -18,8 +18,8 @@ from .rollout import prompt_messages
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['VERIFIERS', 'PAPER_RESULTS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
-           'paper_results', 'ours_benchmark_rows', 'paper_table', 'suites_rows', 'ablation_rows', 'write_table']
+__all__ = ['VERIFIERS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows', 'paper_results',
+           'ours_benchmark_rows', 'paper_table', 'suites_rows', 'ablation_rows', 'write_table']
 
 # %% ../nbs/11_results.ipynb #59af4b63
 def teacher_cost(run: MASRun, task: Task, reward: float) -> dict[str, Any]:
@@ -94,14 +94,11 @@ def scaling_rows(records: Sequence[dict], ns: Sequence[int], verifiers: Mapping[
     return rows
 
 # %% ../nbs/11_results.ipynb #84c5f906
-PAPER_RESULTS = Path(__file__).parent / "paper_results.json" if "__file__" in globals() else None
-
-
 def paper_results(path: Path | str | None = None) -> dict[str, Any]:
-    "The paper's published numbers (`afm/paper_results.json`, or `path`): its tables, each with title, grading, columns and rows."
-    from afm.core import repo_root
-    path = Path(path) if path else PAPER_RESULTS if PAPER_RESULTS and PAPER_RESULTS.is_file() else repo_root() / "afm" / "paper_results.json"
-    try: data = json.loads(Path(path).read_text())
+    "The paper's published numbers (`afm/paper_results.json`, package data, or `path`): its tables, each with title, grading, columns and rows."
+    from importlib.resources import files
+    path = path or files("afm") / "paper_results.json"
+    try: data = json.loads(path.read_text() if hasattr(path, "read_text") else Path(path).read_text())
     except (OSError, ValueError) as e: raise ValueError(f"{path}: the paper's numbers cannot be read ({e})") from None
     if not isinstance(data.get("tables"), dict): raise ValueError(f"{path}: no 'tables' in the paper's numbers")
     return data
