@@ -69,8 +69,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("09_sft", "sft", commands=("sft",)),
     Chapter("09a_sft_bench", "sft_bench", commands=("bench sft",)),
     Chapter("10_rl", "rl", commands=("rl", "bench rl")),
-    Chapter("11a_browse", "browse", pipeline=False, commands=("browse",)),
     Chapter("11_results", "results"),
+    Chapter("11a_browse", "browse", pipeline=False, commands=("browse",)),
     Chapter("12_reproduce", "reproduce", pipeline=False, commands=("run",)),
     Chapter("13_cli", "cli", pipeline=False),
 )
