@@ -167,9 +167,10 @@ def ablation_rows(metrics: Mapping[str, dict]) -> list[dict]:
     for profile, m in metrics.items():
         sft, rl = m.get("sft") or {}, m.get("rl") or {}
         if "heldout_sft" in sft:
-            unmasked = sft.get("heldout_sft_unmasked")
+            unmasked, d = sft.get("heldout_sft_unmasked"), sft.get("paired_masked_unmasked") or {}
             rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked", "A": sft["heldout_sft"], "arm B": "observations trained",
-                         "B": unmasked, "note": "" if unmasked is not None else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
+                         "B": unmasked, "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")), "questions": d.get("questions"),
+                         "note": "" if unmasked is not None else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
         for key, d in (rl.get("paired_per_seed") or {}).items():
             rows.append({"profile": profile, "study": f"RL - SFT, {key.replace('_', ', ')}", "arm A": "RL", "A": None, "arm B": "SFT", "B": None,
                          "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]), "questions": d["questions"]})

@@ -120,9 +120,7 @@ def test_tiny_study_is_tiny_with_the_studies():
     profiles = load_profiles(REPO / "settings.ini")
     assert profiles["tiny-study"]["sft_ablation"] and not profiles["tiny"]["sft_ablation"]  # make reproduce runs no ablation
     assert profiles["tiny-study"]["rl_seeds"] >= 3 > profiles["tiny"]["rl_seeds"]  # the seeds study
-    assert profiles["tiny-study"]["sft_max_steps"] > profiles["tiny"]["sft_max_steps"]  # the long SFT recipe
-    study = ("description", "sft_ablation", "sft_optimizer", "sft_learning_rate", "sft_max_steps", "sft_copy_steps",
-             "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite", "rl_choose", "rl_test_per_suite",
+    study = ("description", "sft_ablation", "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite", "rl_choose", "rl_test_per_suite",
              "rl_save_steps", "rl_groups_per_step", "rl_test_samples", "sft_val_per_suite", "sft_choose", "sft_floor_per_suite",
              "results_tts_per_suite", "expected_minutes")
     assert {k: v for k, v in profiles["tiny-study"].items() if k not in study} == \
