@@ -17,10 +17,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .core import CHAPTERS, Chapter, check_keys, data_dir, default_reports, load_profile, load_profiles, repo_root, settings_path
 
@@ -29,8 +30,8 @@ __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'PACKAGE
            'RESULTS_MARKERS', 'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'versions',
            'machine', 'chapter_modules', 'library_sha256', 'git_commit', 'read_json', 'previous_record', 'duration',
            'has_data', 'chapter_input', 'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults',
-           'run_chapter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'run', 'browse_page', 'run_times',
-           'results_table', 'update_readme', 'provenance', 'write_reports', 'cli_run']
+           'run_chapter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page',
+           'run_times', 'results_table', 'update_readme', 'provenance', 'write_reports', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -300,6 +301,26 @@ def chapter_seconds(steps: Sequence[Step], reports: Path, old: dict[str, Any]) -
                 known[s.chapter.key] = ran["seconds"]
     return known
 
+# %% ../nbs/12_reproduce.ipynb #5b1e7c20
+class Ticker:
+    """`say(seconds)` now and every `every` seconds from a daemon thread until the `with` block ends, with the seconds since
+    it began: what keeps a progress bar's time moving while one long chapter runs. `every=None`: once, at the start."""
+    def __init__(self, say: Callable[[float], None], every: float | None = 10.0):
+        if every is not None and every <= 0: raise ValueError(f"Ticker: every={every!r} must be positive seconds (or None)")
+        self.say, self.every, self._stop, self._thread = say, every, threading.Event(), None
+
+    def __enter__(self):
+        t0 = time.time(); self.say(0.0)
+        def tick():
+            while not self._stop.wait(self.every): self.say(time.time() - t0)
+        if self.every is not None:
+            self._thread = threading.Thread(target=tick, daemon=True, name="afm-run-ticker"); self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread: self._thread.join()
+
 # %% ../nbs/12_reproduce.ipynb #7043d681
 def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None, resume: bool = True,
         settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
@@ -338,11 +359,13 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             record[key] = step.done["figures"]; record["resumed"].append(key)
             if step.done.get("seconds") is not None: record["seconds"][key] = step.done["seconds"]
             continue
-        so_far = time.time() - t_run
-        bar.set_postfix_str(f"{nb.stem}" + (f" (~{duration(known[key])})" if known.get(key) else "") + f" · {duration(so_far)}"
-                            + (f" of ~{duration(expected)}" if expected else " so far"))
+        def say(s, nb=nb, key=key):  # the chapter, its time so far (and its last), the run's (and what it is expected to take)
+            bar.set_postfix_str(f"{nb.stem} · {duration(s)}" + (f" of ~{duration(known[key])}" if known.get(key) else "")
+                                + f" · run {duration(time.time() - t_run)}" + (f" of ~{duration(expected)}" if expected else ""))
         t0 = time.perf_counter()
-        try: record[key] = run_chapter(nb, key, step.parameters, reports, log=log, env={"AFM_SETTINGS": str(settings)})
+        try:
+            with Ticker(say, every=None if bar.disable else 10.0):
+                record[key] = run_chapter(nb, key, step.parameters, reports, log=log, env={"AFM_SETTINGS": str(settings)})
         except RuntimeError as e:
             failure = e; done.unlink(missing_ok=True)
             record["failed"][key] = str(e).splitlines()[0]
