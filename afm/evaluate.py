@@ -314,7 +314,7 @@ def eval_config(profile: str | dict = "tiny", samples: int = 1, where: str | Non
 def _eval_parser():
     import argparse
     from afm.engine import DTYPES, ENGINES
-    from afm.rollout import PROMPT_LAYOUTS
+    from afm.rollout import DIALECTS, PROMPT_LAYOUTS
     p = argparse.ArgumentParser(prog="afm eval", description=cli_eval.__doc__)
     p.add_argument("--model", default=None, help="a model folder or name (afm.models.load; default: the profile's); with --endpoint, the model whose tokenizer it serves")
     p.add_argument("--suite", default=",".join(EVAL_SUITES), help="suites or benchmarks, comma-separated (default: every generated suite)")
@@ -329,6 +329,9 @@ def _eval_parser():
     p.add_argument("--prompt-layout", choices=PROMPT_LAYOUTS, default=None,
                    help="where the instructions go: system (a system turn, as our SFT rows) or user (the user turn, no system turn: "
                         "the released AFM checkpoints); default: the profile's, else system")
+    p.add_argument("--dialect", choices=list(DIALECTS), default=None,
+                   help="the text protocol: coa (ours) or search-r1 (the Search-R1 checkpoints' prompt, <search> calls to "
+                        "wiki_search and <information> blocks); default: the profile's, else coa")
     p.add_argument("--profile", default="tiny", help="the profile whose model, engine, decoding, limits and tool sizes apply (default tiny)")
     p.add_argument("--engine", default=None, help=f"{' or '.join(ENGINES)} (vLLM: NVIDIA GPUs, the gpu extra); default: the profile's `engine` key")
     p.add_argument("--device", default="auto", help="auto (the first CUDA GPU, else the CPU), cpu, cuda, cuda:N or mps")
@@ -444,7 +447,8 @@ def cli_eval(argv: list[str] | None = None) -> int:
         tasks = suite_tasks(a.per_suite, a.split, [s.strip() for s in a.suite.split(",") if s.strip()])
         judge = _judge(a, tasks)  # web tasks and no judge, or a judge endpoint that does not answer: here
         box, toolbox = _toolbox(a, tasks)  # a missing corpus or Serper key, a retriever or summariser that does not answer: here
-        over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system, "prompt_layout": a.prompt_layout}
+        over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system,
+                "prompt_layout": a.prompt_layout, "dialect": a.dialect}
         cfg = eval_config(prof, n, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
         make = _engine(name, a.endpoint, options, a.served_model)
         chance = json.loads(Path(a.chance).read_text()) if a.chance else None

@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .coa import Accounting, Trajectory, check, observation_text, parse, stop_strings
+from .coa import TAGS, Accounting, Tag, TagRegistry, Trajectory, check, neutral, observation_text, parse, stop_strings, tag_words
 from .core import FieldTypeError, check_fields, progress_bar
 from .engine import SEEDS, Engine, Generation, Request, SamplingParams
 from .llm import TEMPERATURE, TOP_P
@@ -24,8 +24,60 @@ from .tasks import Task
 from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
-__all__ = ['PROMPT_LAYOUTS', 'ROLLOUT_PARAMETERS', 'RolloutConfig', 'rollout_config', 'Episode', 'turn_seed', 'prompt_messages',
-           'prompt_ids', 'rollout', 'sampled_answer', 'drift', 'bench_rollout', 'cli_bench']
+__all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'ROLLOUT_PARAMETERS', 'Dialect', 'RolloutConfig', 'rollout_config',
+           'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids', 'rollout', 'sampled_answer', 'drift',
+           'bench_rollout', 'cli_bench']
+
+# %% ../nbs/08_rollout.ipynb #d1a1ec70
+SEARCH_R1_PROMPT = (  # the user turn the Search-R1 checkpoints were trained on, word for word (its "as your want" too)
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> and it will "
+    "return the top searched results between <information> and </information>. You can search as many times as your want. If you "
+    "find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without "
+    "detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The text protocol between a model and the environment. `tags`: the tags the model writes (None: the toolbox's, CoA's
+    and its tools'); `tools`: the toolbox tool each of its tool tags calls; `information`: the tag an observation comes in
+    when it is not CoA's `<observation>` (then between blank lines); `prompt`: a template of the whole user turn (None: the
+    CoA prompt of `prompt_messages`); `grammar`: whether the CoA grammar (`afm.coa.check`) applies to its episodes."""
+    name: str
+    tags: TagRegistry | None = None
+    tools: tuple[tuple[str, str], ...] = ()
+    information: str | None = None
+    prompt: str | None = None
+    grammar: bool = True
+
+    def tool(self, tag: str) -> str:
+        "The toolbox tool that tool tag `tag` calls."
+        return dict(self.tools).get(tag, tag)
+
+    def messages(self, task: Task, registry=None, cfg: RolloutConfig | None = None) -> list[dict]:
+        "The episode's prompt as chat messages: `prompt_messages` as `cfg` says, or the dialect's user turn (a question ends in `?`)."
+        cfg = cfg or RolloutConfig()
+        if self.prompt is None: return prompt_messages(task, registry, cfg.system, cfg.system_style, cfg.prompt_layout)
+        q = task.question.strip()
+        return [{"role": "user", "content": self.prompt.format(question=q if q.endswith("?") else q + "?")}]
+
+    def observation_text(self, observation: str, tags: TagRegistry | None = None, controls=()) -> str:
+        "What the environment appends after a tool call, every tag of the dialect and control token in it neutralised."
+        if self.information is None: return observation_text(observation, tags, controls)
+        o, c = f"<{self.information}>", f"</{self.information}>"
+        return f"\n\n{o}{neutral(observation, [*tag_words(tags), o, c, *controls])}{c}\n\n"
+
+    def as_coa(self, text: str) -> str:
+        "An episode's text with its observations in CoA's tags, for `afm.coa.parse`."
+        if self.information is None: return text
+        return text.replace(f"<{self.information}>", "<observation>").replace(f"</{self.information}>", "</observation>")
+
+
+DIALECTS = {"coa": Dialect("coa"),
+            "search-r1": Dialect("search-r1", TagRegistry([TAGS["think"], Tag("search", "tool", "a query to the retriever (wiki_search)"),
+                                                           TAGS["answer"], TAGS["observation"]]),
+                                 tools=(("search", "wiki_search"),), information="information", prompt=SEARCH_R1_PROMPT, grammar=False)}
+
 
 # %% ../nbs/08_rollout.ipynb #38f1fb7e
 PROMPT_LAYOUTS = ("system", "user")  # where an episode's instructions go: a system turn (ours), or the user turn (the AFM release)
@@ -34,7 +86,8 @@ PROMPT_LAYOUTS = ("system", "user")  # where an episode's instructions go: a sys
 @dataclass(frozen=True)
 class RolloutConfig:
     """Budgets and sampling of an episode. Budgets: `max_turns`, `max_tool_calls`, `max_new_tokens`, `max_tokens_per_turn`;
-    sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`, `prompt_layout`; tools: `tool_timeout_s`.
+    sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`, `prompt_layout`; tools: `tool_timeout_s`;
+    the text protocol: `dialect` (`DIALECTS`).
     A profile sets them as `rollout_<field>` keys (`rollout_config`)."""
     max_turns: int = field(default=8, metadata={"help": "generation calls (turns) of an episode"})
     max_tool_calls: int = field(default=6, metadata={"help": "tool calls of an episode; the model's next call ends it"})
@@ -48,6 +101,8 @@ class RolloutConfig:
     tool_timeout_s: float = field(default=120.0, metadata={"help": f"seconds in {TOOL_TIMEOUT} a tool call may take; then its observation says it timed out"})
     prompt_layout: str = field(default="system", metadata={"help": "where the instructions go: system (a system turn, as our SFT rows "
                                "have them) or user (the user turn, before the question, no system turn: the released AFM checkpoints)"})
+    dialect: str = field(default="coa", metadata={"help": "the text protocol: coa (our tags and prompt) or search-r1 (the prompt, tags and "
+                         "<information> blocks the Search-R1 checkpoints were trained with)"})
 
     def __post_init__(self):
         check_fields(self, ints={"max_turns": 1, "max_tool_calls": 0, "max_new_tokens": 1, "max_tokens_per_turn": 1, "seed": SEEDS},
@@ -57,6 +112,10 @@ class RolloutConfig:
         system_prompt("qa", style=self.system_style)  # a bad style fails here, naming the styles
         if self.prompt_layout not in PROMPT_LAYOUTS:
             raise ValueError(f"RolloutConfig.prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {self.prompt_layout!r}")
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"RolloutConfig.dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}")
+        if DIALECTS[self.dialect].prompt is not None and self.system is not None:
+            raise ValueError(f"RolloutConfig: the {self.dialect} dialect asks in its checkpoints' own prompt; system must be None")
 
 
 ROLLOUT_PARAMETERS = ("rollout_bench_tasks",)  # `rollout_*` profile keys that are this chapter's own parameters, not config fields
@@ -101,8 +160,8 @@ def turn_seed(seed: int, task_id: str, sample: int, turn: int) -> int:
 # %% ../nbs/08_rollout.ipynb #41c9fa71
 class _State:
     "An episode in progress: its task, which sample of that task it is, its tool session and where its current turn began."
-    def __init__(self, task: Task, ep: Episode, session, sample: int):
-        self.task, self.ep, self.session, self.sample = task, ep, session, sample
+    def __init__(self, task: Task, ep: Episode, session, sample: int, dialect: Dialect | None = None):
+        self.task, self.ep, self.session, self.sample, self.dialect = task, ep, session, sample, dialect or DIALECTS["coa"]
         self.turn_start = 0  # where in completion_ids the current turn's sampled text begins
         self.t0 = time.perf_counter()
 
@@ -135,14 +194,14 @@ def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = Non
     the time spent in tool calls, and the time spent waiting on tools with nothing to generate. `samples`, when given, says
     which sample of its task each episode is (its seeds follow from it); by default a task's repeats count 0, 1, … in order."""
     t_start, cfg, box = time.perf_counter(), config or RolloutConfig(), toolbox or Toolbox()
-    states, seen = [], Counter()
+    dialect, states, seen = DIALECTS[cfg.dialect], [], Counter()
     if samples is not None and len(samples) != len(tasks): raise ValueError(f"samples: {len(samples)} numbers for {len(tasks)} tasks")
     for i, task in enumerate(tasks):
-        ep = Episode(task.id, prompt_ids(engine.tokenizer, task, box.registry, cfg.system, cfg.system_style, cfg.prompt_layout))
-        states.append(_State(task, ep, box.session(task.question), sample=seen[task.id] if samples is None else samples[i]))
+        ep = Episode(task.id, chat_prompt_ids(engine.tokenizer, dialect.messages(task, box.registry, cfg)))
+        states.append(_State(task, ep, box.session(task.question), seen[task.id] if samples is None else samples[i], dialect))
         seen[task.id] += 1
     with progress_bar(total=len(states), desc="episodes", disable=not progress) as bar:
-        loop = _Loop(engine, cfg, box.registry.tags, bar)
+        loop = _Loop(engine, cfg, dialect.tags or box.registry.tags, bar)
         for s in states:
             if len(s.ep.prompt_ids) < engine.context: loop.ready.append(s)
             else: _end(s, "context", engine.tokenizer, loop.tags); bar.update(1)
@@ -190,7 +249,7 @@ class _Loop:
         s.ep.completion_ids += g.ids; s.ep.env_mask += [1] * len(g.ids); s.ep.logprobs += g.logprobs
         call = _next(s, g, self.cfg, self.tok, self.tags, self.engine.context)
         if call is None: self.bar.update(1)
-        else: self.pending[_spawn(_call, s, *call, self.cfg.tool_timeout_s)] = (time.perf_counter(), s)
+        else: self.pending[_spawn(_call, s, s.dialect.tool(call[0]), call[1], self.cfg.tool_timeout_s)] = (time.perf_counter(), s)
 
 # %% ../nbs/08_rollout.ipynb #f8e28366
 def _params(s: _State, cfg: RolloutConfig, stops, single, engine) -> SamplingParams:
@@ -261,7 +320,7 @@ def _observe(s: _State, fut: Future, engine: Engine, cfg: RolloutConfig, tags, c
     ep.tool_failures += failed
     if isinstance(result, (ToolBroken, ReplayMiss)):
         _end(s, "tool_broken", tok, tags, why=str(result)); return False
-    forced = tok(observation_text(result.observation.lstrip(), tags, controls), add_special_tokens=False)["input_ids"]
+    forced = tok(s.dialect.observation_text(result.observation.lstrip(), tags, controls), add_special_tokens=False)["input_ids"]
     if len(ep.prompt_ids) + len(ep.completion_ids) + len(forced) >= engine.context:
         _end(s, "context", tok, tags); return False  # the observation never reached the model: not a tool call
     ep.tool_calls += 1
@@ -280,11 +339,11 @@ def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
     "Record how the episode ended and its trajectory, whose answer comes from the final turn's sampled tokens alone."
     ep = s.ep
     ep.end, ep.seconds = end, time.perf_counter() - s.t0
-    traj = parse(decode(tok, ep.completion_ids), task_id=s.task.id, question=s.task.question, tags=tags,
+    traj = parse(s.dialect.as_coa(decode(tok, ep.completion_ids)), task_id=s.task.id, question=s.task.question, tags=tags,
                  meta={"kind": s.task.kind, "end": end})
     traj.accounting = Accounting(len(ep.prompt_ids), ep.sampled_tokens, ep.tool_calls, round(ep.seconds, 4))
     parsed, traj.answer = traj.answer, sampled_answer(tok, ep, tags)
-    problems = traj.problems + ([] if traj.problems else check(traj, tags=tags))
+    problems = traj.problems + ([] if traj.problems or not s.dialect.grammar else check(traj, tags=tags))
     if parsed is not None and traj.answer is None: problems.insert(0, "an <answer> outside the model's final turn (ignored)")
     ep.trajectory, ep.format_error = traj, why or (problems[0] if problems else None)
     return None

@@ -5,6 +5,7 @@ requests as a server sees them: the profile's decoding and token ids, and the pa
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -151,3 +152,78 @@ def test_a_down_endpoint_or_judge_is_one_line(tiny_folder, tmp_path, suite, flag
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("afm eval: ") and says in lines[0], r.stderr[-1000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "r.jsonl").exists() and time.monotonic() - t0 < 60
+
+
+def search_r1_tiny(folder: Path, steps: int = 300):
+    """The small `tiny` fitted for a few seconds on episodes in the Search-R1 protocol (its prompt alone in the user turn, a
+    `<search>` call, the `<information>` block the environment writes, then `<answer>`), saved in `folder`: a model that
+    speaks the protocol, as the released checkpoints do, for the environment's side to be tested against."""
+    import random, torch
+    from afm.fit import one_search_examples
+    from afm.models import chat_prompt_ids, save_model, tiny_chat_model
+    from afm.rollout import DIALECTS
+    from afm.world import tool_sizes, world_toolbox
+    d, box = DIALECTS["search-r1"], world_toolbox(tool_sizes("tiny"))
+    model, tok = tiny_chat_model(0)
+    rows = []
+    for task, traj in one_search_examples(40):
+        query = next(s.text for s in traj.steps if s.role == "web_search")
+        info = d.observation_text(box.session(task.question).call("wiki_search", query).observation, d.tags)
+        head = tok(f"<think> I need to search. </think>\n<search> {query} </search>", add_special_tokens=False)["input_ids"]
+        forced = tok(info, add_special_tokens=False)["input_ids"]
+        tail = tok(f"<think> It says so. </think>\n<answer> {traj.answer} </answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        prompt = chat_prompt_ids(tok, d.messages(task))
+        rows.append((prompt + head + forced + tail, [-100] * len(prompt) + head + [-100] * len(forced) + tail))
+    rng, opt = random.Random(0), torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(steps):
+        pick = [rows[rng.randrange(len(rows))] for _ in range(2)]
+        width = max(len(i) for i, _ in pick)
+        ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i, _ in pick])
+        labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in pick])
+        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in pick])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(); loss.backward(); opt.step()
+    model.eval()
+    save_model(model, tok, folder)
+    return folder
+
+
+def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_path):
+    """`afm eval --profile paper-eval-searchr1-7b --endpoint`: the served model gets the checkpoints' prompt alone in the user
+    turn, stops at `</search>`, and each search comes back to it as the retriever's passages in an `<information>` block."""
+    from afm.evaluate import cli_eval
+    from afm.models import chat_prompt_ids, decode, load_tokenizer
+    from afm.rollout import SEARCH_R1_PROMPT
+    from afm.tasks import load_benchmark
+    folder = search_r1_tiny(tmp_path / "model")
+    policy, url = serve(folder)
+    proxy = None
+    try:
+        proxy = recording_proxy(url.removesuffix("/v1"))
+        _, p_url, seen = proxy
+        out = tmp_path / "searchr1.jsonl"
+        code = cli_eval(["--profile", "paper-eval-searchr1-7b", "--model", str(folder), "--endpoint", f"{p_url}/v1", "--suite", "world-atomic",
+                         "--split", "val", "--per-suite", "6", "--max-new-tokens", "160", "--out", str(out)])
+        assert code == 0
+    finally:
+        if proxy: proxy[0].shutdown()
+        policy.kill(); policy.wait()
+    tok = load_tokenizer(str(folder))
+    completions = [b for path, b in seen if path == "/v1/completions"]
+    assert completions and all({"</search>", "</answer>"} <= set(b["stop"]) for b in completions)
+    tasks = load_benchmark("world-atomic", split="val", sizes={"val": 6})
+    asked = [chat_prompt_ids(tok, [{"role": "user", "content": SEARCH_R1_PROMPT.format(question=t.question)}]) for t in tasks]
+    firsts = [b["prompt"] for b in completions if b["prompt"] in asked]
+    assert len(firsts) == len(tasks)  # each episode began with the checkpoints' prompt alone in the user turn, as token ids
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    key = json.loads(out.with_suffix(".key.json").read_text())
+    assert len(recs) == 6 and key["rollout"]["dialect"] == "search-r1" and all(isinstance(r["reward"], float) for r in recs)
+    searched = [r for r in recs if r["tool_calls"]]
+    assert searched, "no episode searched: the fitted model did not speak the protocol"
+    steps = searched[0]["trajectory"]["steps"]
+    call = next(s for s in steps if s["role"] == "search")
+    assert call["observation"].startswith("Doc 1(Title: ")  # the retriever's passages, as Search-R1 formats them
+    later = [decode(tok, b["prompt"]) for b in completions if b["prompt"] not in asked]  # the turns after a search
+    # (the tiny tokenizer puts a space before a run of text; a released checkpoint's tokenizer does not)
+    assert later and all(re.search(r"</search> ?\n\n<information>Doc 1\(Title: ", p) and p.endswith("</information>\n\n") for p in later)
