@@ -295,6 +295,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.evaluate.weights_stamp': ('evaluate.html#weights_stamp', 'afm/evaluate.py')},
             'afm.fit': { 'afm.fit.calls_tools': ('fit.html#calls_tools', 'afm/fit.py'),
                          'afm.fit.fit_briefly': ('fit.html#fit_briefly', 'afm/fit.py'),
+                         'afm.fit.fit_ids': ('fit.html#fit_ids', 'afm/fit.py'),
                          'afm.fit.fit_key': ('fit.html#fit_key', 'afm/fit.py'),
                          'afm.fit.fit_rows': ('fit.html#fit_rows', 'afm/fit.py'),
                          'afm.fit.one_search_examples': ('fit.html#one_search_examples', 'afm/fit.py'),

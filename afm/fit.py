@@ -17,8 +17,8 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'one_search_examples', 'calls_tools', 'fit_key', 'tool_caller_folder',
-           'tool_calling_tiny']
+__all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_examples', 'calls_tools', 'fit_key',
+           'tool_caller_folder', 'tool_calling_tiny']
 
 # %% ../nbs/07b_fit.ipynb #19988aa9
 TINY_SYSTEM = "Search, then answer."  # the short system prompt of `tool_calling_tiny`; its episodes are prompted with it too
@@ -39,8 +39,13 @@ def fit_rows(tokenizer, examples: Sequence[tuple[Task, Trajectory]], registry=No
 def fit_briefly(model, tokenizer, examples: Sequence[tuple[Task, Trajectory]], steps: int = 60, lr: float = 3e-3,
                 batch: int = 4, seed: int = 0, registry=None, system: str | None = None) -> list[float]:
     "Fit `model` for `steps` AdamW steps on (task, trajectory) pairs (`fit_rows`), leaving it in eval mode; the losses."
+    return fit_ids(model, tokenizer, fit_rows(tokenizer, examples, registry, system), steps, lr, batch, seed)
+
+
+def fit_ids(model, tokenizer, rows: Sequence[tuple[list[int], list[int]]], steps: int = 60, lr: float = 3e-3, batch: int = 4,
+            seed: int = 0) -> list[float]:
+    "Fit `model` for `steps` AdamW steps on `(input_ids, labels)` rows (-100: no loss), `batch` drawn at random a step, leaving it in eval mode; the losses."
     import random, torch
-    rows = fit_rows(tokenizer, examples, registry, system)
     rng, opt, losses = random.Random(seed), torch.optim.AdamW(model.parameters(), lr=lr), []
     model.train()
     for _ in range(steps):

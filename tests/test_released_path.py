@@ -158,8 +158,7 @@ def search_r1_tiny(folder: Path, steps: int = 300):
     """The small `tiny` fitted for a few seconds on episodes in the Search-R1 protocol (its prompt alone in the user turn, a
     `<search>` call, the `<information>` block the environment writes, then `<answer>`), saved in `folder`: a model that
     speaks the protocol, as the released checkpoints do, for the environment's side to be tested against."""
-    import random, torch
-    from afm.fit import one_search_examples
+    from afm.fit import fit_ids, one_search_examples
     from afm.models import chat_prompt_ids, save_model, tiny_chat_model
     from afm.rollout import DIALECTS
     from afm.world import tool_sizes, world_toolbox
@@ -174,17 +173,7 @@ def search_r1_tiny(folder: Path, steps: int = 300):
         tail = tok(f"<think> It says so. </think>\n<answer> {traj.answer} </answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         prompt = chat_prompt_ids(tok, d.messages(task))
         rows.append((prompt + head + forced + tail, [-100] * len(prompt) + head + [-100] * len(forced) + tail))
-    rng, opt = random.Random(0), torch.optim.AdamW(model.parameters(), lr=5e-3)
-    model.train()
-    for _ in range(steps):
-        pick = [rows[rng.randrange(len(rows))] for _ in range(2)]
-        width = max(len(i) for i, _ in pick)
-        ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i, _ in pick])
-        labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in pick])
-        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in pick])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(); loss.backward(); opt.step()
-    model.eval()
+    fit_ids(model, tok, rows, steps=steps, lr=5e-3, batch=2)
     save_model(model, tok, folder)
     return folder
 
