@@ -349,6 +349,8 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
                               "install_seconds": None, "run_seconds": None, "expected_seconds": expected, "seconds": {},
                               "failed": {}, "not_run": [], "resumed": [], "defaults": {}}
     failure, commit = None, git_commit(root)
+    loads: list[float] = []  # the machine's 1-minute load average every 30 s: did other work share the CPU while this ran?
+    meter = Ticker(lambda s: loads.append(os.getloadavg()[0]) if hasattr(os, "getloadavg") else None, every=30.0).__enter__()
     for step in (bar := progress_bar(steps, desc=f"profile {profile}", unit="chapter")):
         ch, nb, key = step.chapter, step.notebook, step.chapter.key
         if step.defaults: record["defaults"][key] = step.defaults
@@ -377,6 +379,8 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     record.update({k: v for k, v in old.items() if k in keep})
     record["seconds"] = {k: v for k, v in (old.get("seconds") or {}).items() if k in keep} | record["seconds"]
     record["defaults"] = {k: v for k, v in (old.get("defaults") or {}).items() if k in keep} | record["defaults"]
+    meter.__exit__(None, None, None)
+    record["load"] = {"mean": round(sum(loads) / len(loads), 2), "max": round(max(loads), 2), "cpus": os.cpu_count()} if loads else None
     end = time.time()
     record["run_seconds"] = round(end - t_run, 1)
     record["reproduce_seconds"] = round(end - (started_at or t_run), 1)
@@ -446,6 +450,8 @@ def run_times(record: dict[str, Any]) -> str:
     line += f"the chapters' own times add up to {duration(sum(secs)) if secs else '?'}"
     if resumed: line += f" ({len(resumed)} of them finished in earlier runs and were resumed: their times are from then)"
     if record.get("expected_seconds"): line += f"; expected {duration(record['expected_seconds'])}"
+    if load := record.get("load"):  # times mean little on a machine that other work shared
+        line += f"; the machine's 1-minute load averaged {load['mean']:g} (at most {load['max']:g}) on {load['cpus']} CPUs"
     return line + "."
 
 # %% ../nbs/12_reproduce.ipynb #ab45b868
