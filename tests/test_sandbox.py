@@ -536,7 +536,10 @@ def workdirs() -> set[str]:
     return found - held - pool_held()[1]
 
 
-def test_workdir_is_removed(mode: str) -> None:
+def test_workdir_is_removed(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a temporary directory of its own: other processes on the machine (a pytest worker, a background run) make and remove
+    # their sandboxes' workdirs in the shared one meanwhile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = workdirs()
     run("open('left.txt', 'w').write('x')")
     assert workdirs() == before
