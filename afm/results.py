@@ -171,9 +171,10 @@ def ablation_rows(metrics: Mapping[str, dict]) -> list[dict]:
             rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked", "A": sft["heldout_sft"], "arm B": "observations trained",
                          "B": unmasked, "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")), "questions": d.get("questions"),
                          "note": "" if unmasked is not None else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
-        for key, d in (rl.get("paired_per_seed") or {}).items():
-            rows.append({"profile": profile, "study": f"RL - SFT, {key.replace('_', ', ')}", "arm A": "RL", "A": None, "arm B": "SFT", "B": None,
-                         "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]), "questions": d["questions"]})
+        for key, d in (rl.get("paired_per_seed") or {}).items():  # a paired difference is RL's mean less SFT's, so RL's score is SFT's plus it
+            b = rl.get(f"heldout_sft_{key.rsplit('_', 1)[-1]}")
+            rows.append({"profile": profile, "study": f"RL - SFT, {key.replace('_', ', ')}", "arm A": "RL", "A": None if b is None else round(b + d["difference"], 4),
+                         "arm B": "SFT", "B": b, "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]), "questions": d["questions"]})
     return rows
 
 # %% ../nbs/11_results.ipynb #c48e54d6
