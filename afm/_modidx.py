@@ -871,6 +871,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                          'afm.sft.sft_trainer': ('sft.html#sft_trainer', 'afm/sft.py'),
                          'afm.sft.sharded': ('sft.html#sharded', 'afm/sft.py'),
                          'afm.sft.skipped_report': ('sft.html#skipped_report', 'afm/sft.py'),
+                         'afm.sft.slow_bf16': ('sft.html#slow_bf16', 'afm/sft.py'),
                          'afm.sft.start_model': ('sft.html#start_model', 'afm/sft.py'),
                          'afm.sft.tiny_for': ('sft.html#tiny_for', 'afm/sft.py'),
                          'afm.sft.tokenised': ('sft.html#tokenised', 'afm/sft.py'),

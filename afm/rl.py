@@ -397,7 +397,8 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
     "TRL's `GRPOConfig` for `args` on `world_size` processes (a ValueError naming the setting when the batch cannot be split into whole groups)."
     import importlib.util
     from trl import GRPOConfig
-    from afm.sft import _has_gpu
+    from afm.sft import _has_gpu, slow_bf16
+    if args.bf16: slow_bf16("rl_bf16")
     if args.vllm and not (_has_gpu() and importlib.util.find_spec("vllm")):
         raise ValueError("rl_vllm = true needs vLLM on an NVIDIA GPU (pip install -e '.[gpu]' there); on CPU set rl_vllm = false")
     if args.groups_per_step % world_size:

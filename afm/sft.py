@@ -25,11 +25,11 @@ __all__ = ['LAYOUTS', 'SEGMENT_ATTENTION', 'MAX_LENGTH', 'OPTIMIZERS', 'REPORTS'
            'sft_rows', 'conversation', 'row_trajectory', 'row_problems', 'data_report', 'report_line',
            'check_tokenizer', 'sft_example', 'sft_dataset', 'max_chars', 'tokenised', 'skipped_report',
            'segment_attention', 'register_segment_attention', 'known_schedulers', 'known_attentions', 'SFTArgs',
-           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'check_reporter',
-           'sharded', 'load_dtype', 'packed_rows', 'batch_geometry', 'sft_split', 'muon_adamw', 'sft_trainer',
-           'sft_card', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for', 'start_model',
-           'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe', 'sft_candidates',
-           'fewshot_system', 'cli_sft']
+           'sft_args', 'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'slow_bf16',
+           'check_reporter', 'sharded', 'load_dtype', 'packed_rows', 'batch_geometry', 'sft_split', 'muon_adamw',
+           'sft_trainer', 'sft_card', 'train_sft', 'plot_losses', 'lm_dataset', 'world_texts', 'tiny_for',
+           'start_model', 'prefix_example', 'prefix_dataset', 'sft_recipe', 'copy_positions', 'copy_probe',
+           'sft_candidates', 'fewshot_system', 'cli_sft']
 
 # %% ../nbs/09_sft.ipynb #46554fb5
 _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
@@ -384,6 +384,7 @@ def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
     before the weights load: under `accelerate launch` with DeepSpeed ZeRO-3 it registers the DeepSpeed configuration
     with transformers (and starts the process group), so that `from_pretrained` then loads each rank's shard alone."""
     from trl import SFTConfig
+    if args.bf16: slow_bf16("sft_bf16")
     best = bool(args.early_stopping and has_val)
     return SFTConfig(
         output_dir=str(out / "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps, learning_rate=args.learning_rate,
@@ -401,6 +402,20 @@ def _trainer_config(args: SFTArgs, out: Path, quiet: bool, has_val: bool):
 def _has_gpu() -> bool:
     import torch
     return torch.cuda.is_available()
+
+
+def slow_bf16(key: str) -> bool:
+    """Warn, and return True, when the setting `key` asks for bfloat16 on a machine without a GPU whose CPU has no native
+    bfloat16 matrix products (AVX512-BF16 or AMX): oneDNN then emulates them, tens of times slower than float32."""
+    import torch
+    if _has_gpu(): return False
+    try: native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError): return False  # a torch build without oneDNN: nothing to say
+    if not native:
+        import warnings
+        warnings.warn(f"{key} = true, but this CPU has no native bfloat16 (AVX512-BF16 or AMX), so its matrix products are "
+                      f"emulated, tens of times slower than float32: set {key} = false here", stacklevel=2)
+    return not native
 
 
 def check_reporter(report_to: str) -> None:
