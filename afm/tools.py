@@ -346,16 +346,17 @@ class ToolSession:
         if t.dedup and (name, key) in self.seen:
             return self._done(ToolResult(name, text, t.seen_reply.format(tool=name, input=_preview(text)), "ok", duplicate=True),
                               t0, count=False)
-        self.seen.add((name, key))
         self.calls[name] += 1
         if t.sets_goal and key: self.ctx.last_query = text.strip()
         cached = self.box.cache.get(name, key) if self.box.cache is not None else None
-        if cached is not None:
-            return self._done(ToolResult(name, text, cached[1], cached[0], cached=True), t0)
-        self.box.health.check(name)  # a broken tool stops the run here; recorded answers above are still served
-        obs, status = self._run(t, text) if timeout_s is None else self._run_within(t, text, timeout_s)
-        if self.box.cache is not None and status in CACHED_STATUSES: self.box.cache.put(name, key, status, obs)
-        return self._done(ToolResult(name, text, obs, status), t0)
+        if cached is not None: r = ToolResult(name, text, cached[1], cached[0], cached=True)
+        else:
+            self.box.health.check(name)  # a broken tool stops the run here; recorded answers above are still served
+            obs, status = self._run(t, text) if timeout_s is None else self._run_within(t, text, timeout_s)
+            if self.box.cache is not None and status in CACHED_STATUSES: self.box.cache.put(name, key, status, obs)
+            r = ToolResult(name, text, obs, status)
+        if r.status == "ok": self.seen.add((name, key))  # only a result can be reused: a failed call may be tried again
+        return self._done(r, t0)
 
     def _limit(self, t: Tool) -> str | None:
         "Why one more call of `t` is refused (a call limit reached), or None."
