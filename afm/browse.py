@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -53,16 +54,25 @@ def _steps(traj: Trajectory | None) -> list[list]:
 RECORD_FIELDS = ("task_id", "suite", "sample", "reward", "format_failure", "trajectory")  # what a view needs of a record
 
 
+def _shown(v: Any) -> Any:
+    "A figure as the page shows it: a number JSON cannot carry (NaN, infinity) as blank."
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def record_view(rec: dict, source: str, where: str) -> dict:
-    "One graded rollout (a record of `afm.evaluate`) as a view: outcome, reward, sampled tokens, tool calls and the steps; `where` names it in errors."
+    """One graded rollout (a record of `afm.evaluate`) as a view: outcome, reward, sampled tokens, tool calls and the
+    steps; `where` names it in errors (a reward that is no finite number among them)."""
     if missing := [f for f in RECORD_FIELDS if f not in rec]:
         raise ValueError(f"{where}: not an evaluation record (no {', '.join(missing)}); records are what `afm eval` writes")
     if not isinstance(rec["reward"], (int, float)) or isinstance(rec["reward"], bool):
         raise ValueError(f"{where}: reward must be a number, got {rec['reward']!r:.40}")
+    if not math.isfinite(rec["reward"]):
+        raise ValueError(f"{where}: reward must be a finite number, got {rec['reward']}")
     traj = None if rec["trajectory"] is None else Trajectory.from_dict(rec["trajectory"], where=f"{where}: trajectory")
     return {"source": source, "label": f"{source} #{rec['sample']}", "outcome": outcome(rec), "reward": rec["reward"],
-            "end": rec.get("end"), "tokens": rec.get("sampled_tokens"), "tokens_are": "sampled", "tool_calls": rec.get("tool_calls"),
-            "seconds": rec.get("seconds"), "answer": rec.get("answer"), "problems": traj.problems if traj else [],
+            "end": rec.get("end"), "tokens": _shown(rec.get("sampled_tokens")), "tokens_are": "sampled",
+            "tool_calls": _shown(rec.get("tool_calls")), "seconds": _shown(rec.get("seconds")),
+            "answer": rec.get("answer"), "problems": traj.problems if traj else [],
             "masked": True, "steps": _steps(traj)}
 
 # %% ../nbs/11a_browse.ipynb #aca261cb
@@ -295,8 +305,11 @@ draw(); apply();
 
 # %% ../nbs/11a_browse.ipynb #47a6e8b7
 def _embed(data: dict) -> str:
-    "JSON that is safe inside a <script> element: no `<`, `>` or `&` left for the HTML parser to read."
-    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    """JSON that is safe inside a <script> element: no `<`, `>` or `&` left for the HTML parser to read, and no bare
+    NaN, which no browser parses."""
+    try: text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    except ValueError as e: raise ValueError(f"the page's data holds a number JSON cannot carry ({e})") from None
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def page(data: dict, title: str = "afm: trajectories") -> str:

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'code_digest', 'package_dir', 'package_file',
            'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'default_reports', 'settings_path', 'load_profiles',
-           'load_profile', 'check_value', 'check_keys', 'profile_config', 'config_parser', 'parse_configs',
-           'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range', 'check_fields']
+           'load_profile', 'declared_parameters', 'check_value', 'check_keys', 'profile_config', 'config_parser',
+           'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range', 'check_fields',
+           'read_json', 'write_json', 'identity_differences', 'RunFolder', 'step_of']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -32,11 +35,12 @@ class Chapter:
     module: str
     pipeline: bool = True
     commands: tuple[str, ...] = ()
+    reports: str = ""  # its key when that is not its module's name (a sub-chapter that reports for its group)
 
     @property
     def key(self) -> str:
-        "Where its figures go in `reports/metrics.json` and `reports/<key>/`."
-        return self.module
+        "Where its figures go in `reports/metrics.json` and `reports/<key>/`: `reports`, else the module's name."
+        return self.reports or self.module
 
     def exists(self) -> bool:
         "Has the chapter been written (is `afm.<module>` importable)?"
@@ -44,43 +48,63 @@ class Chapter:
 
 
 CHAPTERS: tuple[Chapter, ...] = (
-    Chapter("00_coa", "coa"),
+    Chapter("00_coa", "coa", pipeline=False),
+    Chapter("00_coa_masks", "coa_masks", reports="coa"),
     Chapter("00a_core", "core", pipeline=False),
+    Chapter("00b_prose", "prose", pipeline=False),
     Chapter("01_llm", "llm"),
     Chapter("02_tools", "tools"),
     Chapter("02a_search", "search", commands=("serve search", "bench search")),
     Chapter("02b_crawl", "crawl"),
-    Chapter("02c_sandbox", "sandbox"),
+    Chapter("02c_sandbox", "sandbox", pipeline=False),
+    Chapter("02c_sandbox_run", "sandbox_run", pipeline=False),
     Chapter("02d_pool", "pool", commands=("bench sandbox",)),
+    Chapter("02d_pool_tool", "pool_tool", reports="sandbox"),
     Chapter("02e_harness", "harness", pipeline=False),
     Chapter("02f_prompts", "prompts", pipeline=False),
     Chapter("03_tasks", "tasks", pipeline=False),
     Chapter("03a_world", "world"),
-    Chapter("03b_benchmarks", "benchmarks"),
-    Chapter("03c_grading", "grading"),
-    Chapter("04_mas", "mas"),
+    Chapter("03a_world_suites", "world_suites"),
+    Chapter("03b_benchmarks", "benchmarks", pipeline=False),
+    Chapter("03b_benchmarks_paper", "benchmarks_paper", reports="benchmarks"),
+    Chapter("03c_grading", "grading", pipeline=False),
+    Chapter("03c_grading_validation", "grading_validation", reports="grading"),
+    Chapter("03d_chance", "chance"),
+    Chapter("04_mas", "mas", pipeline=False),
+    Chapter("04a_teacher", "teacher"),
     Chapter("05_distill", "distill", commands=("distill",)),
     Chapter("06_models", "models"),
     Chapter("07_engine", "engine"),
+    Chapter("07_engine_local", "engine_local", pipeline=False),
     Chapter("07a_serve", "serve", commands=("serve model",)),
     Chapter("07b_fit", "fit", pipeline=False),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
-    Chapter("08a_evaluate", "evaluate", commands=("eval",)),
-    Chapter("09_sft", "sft", commands=("sft",)),
-    Chapter("09a_sft_bench", "sft_bench", commands=("bench sft",)),
-    Chapter("10_rl", "rl", commands=("rl", "bench rl")),
+    Chapter("08a_evaluate", "evaluate"),
+    Chapter("08a_evaluate_cli", "evaluate_cli", pipeline=False, commands=("eval",)),
+    Chapter("08b_analysis", "analysis", pipeline=False),
+    Chapter("09_training", "training", pipeline=False),
+    Chapter("09a_sft_data", "sft_data", pipeline=False),
+    Chapter("09b_sft", "sft", pipeline=False),
+    Chapter("09c_sft_recipe", "sft_recipe", commands=("sft",), reports="sft"),
+    Chapter("09d_sft_bench", "sft_bench", commands=("bench sft",)),
+    Chapter("10_rl_health", "rl_health", pipeline=False),
+    Chapter("10a_rl", "rl", commands=("rl",)),
+    Chapter("10b_rl_bench", "rl_bench", pipeline=False, commands=("bench rl",)),
     Chapter("11_results", "results"),
     Chapter("11a_browse", "browse", pipeline=False, commands=("browse",)),
+    Chapter("11b_record", "record", pipeline=False),
+    Chapter("11c_card", "card", pipeline=False),
     Chapter("12_reproduce", "reproduce", pipeline=False, commands=("run",)),
     Chapter("13_cli", "cli", pipeline=False),
 )
 
 
 def chapter(name: str) -> Chapter:
-    "The chapter named by its notebook (`02a_search`, `02a_search.ipynb`) or its module/key (`search`)."
+    """The chapter named by its notebook (`02a_search`, `02a_search.ipynb`), by the key a pipeline chapter reports under,
+    or by its module (`search`), in that order."""
     name = Path(name).name.removesuffix(".ipynb")
-    for c in CHAPTERS:
-        if name in (c.notebook, c.module): return c
+    for match in (lambda c: c.notebook, lambda c: c.key if c.pipeline else None, lambda c: c.module):
+        if found := next((c for c in CHAPTERS if match(c) == name), None): return found
     raise KeyError(f"no chapter {name!r}; chapters: {', '.join(c.notebook for c in CHAPTERS)}")
 
 # %% ../nbs/00a_core.ipynb #de162c69
@@ -226,6 +250,17 @@ def load_profile(name: str, path: Path | str | None = None) -> dict[str, Any]:
     if name not in profiles: raise KeyError(f"unknown profile {name!r}; settings.ini defines: {', '.join(profiles)}")
     return profiles[name]
 
+
+def declared_parameters(name: Path | str, prefix: str = "", root: Path | str | None = None) -> dict[str, str]:
+    """The parameters a chapter declares in its cell tagged `parameters` (those starting with `prefix`), each with its default
+    as source text: the one reading of them (papermill's `inspect_notebook`, which `afm run` injects by). `name`: a notebook
+    path, or a chapter as `chapter` names it (`10a_rl`, `rl`), read from `nbs/` of the repository at or above `root`."""
+    path = Path(name)
+    if path.suffix != ".ipynb": path = repo_root(root) / "nbs" / f"{chapter(str(name)).notebook}.ipynb"
+    if not path.is_file(): raise FileNotFoundError(f"{path}: no such notebook; a chapter's parameters are read from it")
+    import papermill
+    return {k: d["default"] for k, d in papermill.inspect_notebook(str(path)).items() if k.startswith(prefix)}
+
 # %% ../nbs/00a_core.ipynb #b28e9890
 _KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text", list: "a list", dict: "a dict"}
 
@@ -336,3 +371,119 @@ def check_fields(config, ints: dict[str, int | str] | None = None, numbers: dict
     for whole, rules in ((True, ints), (False, numbers)):
         for name, interval in (rules or {}).items():
             check_range(f"{label}.{name}" if label else name, getattr(config, name), interval, whole)
+
+# %% ../nbs/00a_core.ipynb #b320d2a4
+def read_json(path: Path | str, hint: str = "") -> Any:
+    "The JSON in `path` (None when there is no such file); a damaged file is a one-line ValueError naming it, and `hint` (what to do)."
+    path = Path(path)
+    if not path.is_file(): return None
+    try: return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        why = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise ValueError(f"{path} is damaged ({why})" + (f"; {hint}" if hint else "")) from None
+
+
+def write_json(path: Path | str, obj: Any, indent: int | None = 2) -> Path:
+    "Write `obj` as JSON to `path` whole or not at all (a temporary file renamed over it); its folder is made."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=indent, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+# %% ../nbs/00a_core.ipynb #71b0ba20
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    "A JSON object as {dotted path: value}; lists and other values are leaves."
+    if not isinstance(d, dict) or (prefix and not d): return {prefix: d}
+    return {k: v for key, val in d.items() for k, v in _flat(val, f"{prefix}.{key}" if prefix else str(key)).items()}
+
+
+_ABSENT = object()
+
+
+def _short(v: Any) -> str:
+    if v is _ABSENT: return "absent"
+    s = json.dumps(v, ensure_ascii=False, default=str)
+    return s if len(s) <= 24 else s[:20] + "…"
+
+
+def identity_differences(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> list[str]:
+    """What differs between a recorded identity `there` and `here`, one `path: A there, B here` each, over dotted paths
+    (`args.lr`). Paths in `free` (or under them) may differ; a path `there` lacks counts as `missing[path]` (a setting
+    added since, at the value that run had), else as absent."""
+    a, b, missing, free = _flat(there), _flat(here), missing or {}, tuple(free)
+    out = []
+    for k in [*b, *(k for k in a if k not in b)]:
+        if k in free or k.startswith(tuple(f + "." for f in free)): continue
+        old, new = a.get(k, missing.get(k, _ABSENT)), b.get(k, _ABSENT)
+        if old != new: out.append(f"{k}: {_short(old)} there, {_short(new)} here")
+    return out
+
+# %% ../nbs/00a_core.ipynb #c1d046b3
+@dataclass
+class RunFolder:
+    """The folder `path` that holds one run: the identity that made it (`identity_file`, written when it starts), its
+    checkpoints (`checkpoints/checkpoint-<step>`, complete once `complete_file` is in them) and the record it finished
+    with (`done_file`, holding the identity under `identity`)."""
+    path: Path
+    identity_file: str = "identity.json"
+    done_file: str = "done.json"
+    complete_file: str = "trainer_state.json"
+
+    def __post_init__(self): self.path = Path(self.path)
+
+    def recorded(self) -> dict | None:
+        "The identity the folder holds (None when none was written)."
+        return read_json(self.path / self.identity_file, f"delete {self.path} to start afresh")
+
+    def gap(self, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> str | None:
+        "What differs between the run the folder holds and `here`, in a few words; None when it holds this run or nothing."
+        there = self.recorded()
+        if there is None: return "no identity recorded" if self.checkpoints() else None
+        diff = identity_differences(there, here, free, missing)
+        return "; ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "") if diff else None
+
+# %% ../nbs/00a_core.ipynb #3eef1098
+def step_of(checkpoint: Path | str) -> int:
+    "The step a checkpoint folder `checkpoint-<step>` was saved at."
+    return int(Path(checkpoint).name.removeprefix("checkpoint-"))
+
+
+@patch
+def checkpoints(self: RunFolder) -> list[Path]:
+    "The complete checkpoints, oldest first."
+    found = [p for p in (self.path / "checkpoints").glob("checkpoint-*")
+             if p.name.removeprefix("checkpoint-").isdigit() and (p / self.complete_file).is_file()]
+    return sorted(found, key=step_of)
+
+
+@patch
+def resume_point(self: RunFolder, max_step: int | None = None) -> Path | None:
+    "The newest complete checkpoint at or before `max_step` (any when None)."
+    return next((p for p in reversed(self.checkpoints()) if max_step is None or step_of(p) <= max_step), None)
+
+# %% ../nbs/00a_core.ipynb #3edeb2d0
+@patch
+def claim(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> None:
+    """Make the folder this run's, before any compute is spent: a ValueError naming the folder and what differs when it
+    holds another run (or checkpoints of an unknown one); else its identity is (re)written as `here`."""
+    if gap := self.gap(here, free, missing):
+        raise ValueError(f"{self.path} holds another run ({gap}); use another folder or delete that one")
+    write_json(self.path / self.identity_file, here)
+
+
+@patch
+def finished(self: RunFolder, here: dict, free: Iterable[str] = ()) -> dict | None:
+    "The record the run finished with when it is this run (`here`, up to `free` paths); else None."
+    done = read_json(self.path / self.done_file, f"delete it to run {self.path} again")
+    if not isinstance(done, dict) or not isinstance(done.get("identity"), dict): return None
+    return done if not identity_differences(done["identity"], here, free) else None
+
+
+@patch
+def finish(self: RunFolder, record: dict, here: dict) -> dict:
+    "Write the record the run `here` finished with (the identity under `identity`); the record as written."
+    record = {**record, "identity": here}
+    write_json(self.path / self.done_file, record)
+    return record

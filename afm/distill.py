@@ -17,15 +17,17 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .coa import Accounting, Step, Trajectory, check, counts, render
+from .coa import Accounting, Step, Trajectory, counts, grammar_problems, render
 from .core import DATA_SUFFIXES, check_fields, check_value, data_dir, parse_configs, profile_config, progress_bar, stage_parser, stage_profile
 from .grading import default_judge, grade
 from .llm import ChatBackend, Endpoint, LLMClient
-from .mas import LLMBrain, LLMTeacherConfig, MASRun, MultiAgentSystem, OfflineTeacher, TeacherConfig, check_backend
+from .mas import LLMBrain, LLMTeacherConfig, MASRun, MultiAgentSystem, check_backend
 from .prompts import SYSTEM_STYLES, system_prompt
 from .tasks import SPLITS, Task, benchmarks, load_benchmark, read_tasks
+from .teacher import OfflineTeacher, TeacherConfig
 from .tools import TOOLS, ToolRegistry, Toolbox
-from .world import GENERATED_SUITES, ToolSizes, tool_sizes, world_documents
+from .world import ToolSizes, tool_sizes, world_documents
+from .world_suites import GENERATED_SUITES
 
 # %% auto #0
 __all__ = ['Stage', 'DISTILL_SUITES', 'BRAINS', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
@@ -65,13 +67,13 @@ def read_runs(path: Path | str) -> list[MASRun]:
 
 def teacher_identity(mas: MultiAgentSystem) -> dict[str, Any]:
     """What makes recorded runs reusable: the brain, its configuration (an LLM brain's sampling settings), the tools' result
-    sizes and the MAS code (a hash of `afm/mas.py`)."""
-    import hashlib, afm.mas
+    sizes and the code of the MAS and the offline teacher (a hash of `afm/mas.py` and `afm/teacher.py`)."""
+    from afm.core import code_digest
     config = getattr(mas.brain, "config", None)
     if config is None and is_dataclass(mas.brain):
         config = {f.name: v for f in fields(mas.brain) if isinstance(v := getattr(mas.brain, f.name), (bool, int, float, str))}
     return {"brain": mas.brain.name, "config": asdict(config) if is_dataclass(config) else config, "tools": asdict(ToolSizes.of(mas.box)),
-            "mas_sha256": hashlib.sha256(Path(afm.mas.__file__).read_bytes()).hexdigest()[:16]}
+            "mas_sha256": code_digest("mas", "teacher")[:16]}
 
 
 def generate_runs(tasks: Sequence[Task], mas: MultiAgentSystem, path: Path | str, workers: int = 2, progress: bool = True,
@@ -104,7 +106,7 @@ class FilterConfig:
     min_interactions: int = field(default=5, metadata={"help": "complexity: the fewest agent/tool interactions (non-think steps) kept"})
     require_correct: bool = field(default=True, metadata={"help": "quality: keep only answers the graders score 1.0"})
     drop_redundant: bool = field(default=True, metadata={"help": "quality: drop trajectories that repeat a tool input"})
-    require_clean_grammar: bool = field(default=True, metadata={"help": "quality: drop trajectories `afm.coa.check` objects to"})
+    require_clean_grammar: bool = field(default=True, metadata={"help": "quality: drop trajectories with `afm.coa.grammar_problems`"})
     keep_without_reflection: float = field(default=0.3, metadata={"help": "reflection enrichment: share of QA trajectories without a reflection kept"})
     error_correction_copies: int = field(default=3, metadata={"help": "copies of a right trajectory whose first double check scored <= 2"})
     dedup: bool = field(default=True, metadata={"help": "one trajectory per question"})
@@ -138,7 +140,7 @@ def quality(t: Trajectory, task: Task, cfg: FilterConfig) -> str | None:
     "A wrong answer, a repeated tool input, or a grammar problem."
     if cfg.require_correct and (t.answer is None or grade(task, t.answer) < 1.0): return "wrong answer"
     if cfg.drop_redundant and redundant_inputs(t, cfg.tools): return "redundant tool input"
-    if cfg.require_clean_grammar and (problems := check(t, tags=cfg.tools.tags)):
+    if cfg.require_clean_grammar and (problems := grammar_problems(t, tags=cfg.tools.tags)):
         return "grammar: " + re.sub(r"\d+", "N", re.sub(r"^step \d+(?: \((<[^>]*>)\))?:?\s*", lambda m: f"{m[1] or ''} ".lstrip(), problems[0]))
     return None
 

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .coa import Trajectory, encode, stop_strings
+from .coa import Trajectory, stop_strings
+from .coa_masks import encode
 from .models import chat_prompt_ids, decode
 from .prompts import system_prompt
 from .tasks import Task
@@ -64,7 +65,8 @@ def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tup
     "(task, trajectory) pairs over the first `tasks` `world-atomic` `sft` questions that the offline teacher answers: one search, then the answer."
     from afm.coa import Step
     from afm.distill import linearize
-    from afm.mas import MultiAgentSystem, OfflineTeacher
+    from afm.mas import MultiAgentSystem
+    from afm.teacher import OfflineTeacher
     from afm.tasks import load_benchmark
     from afm.world import tool_sizes, world_toolbox
     box = box or world_toolbox(tool_sizes("tiny"))

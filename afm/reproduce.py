@@ -8,30 +8,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import hashlib
 import importlib.util
 import json
 import os
-import platform
-import re
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .core import CHAPTERS, Chapter, check_keys, data_dir, default_reports, load_profile, load_profiles, repo_root, settings_path
+from .card import write_reports
+from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
+                      load_profiles, repo_root, settings_path)
+from .prose import duration
+from .record import (chapter_modules, file_sha256, git_commit, library_sha256, machine, previous_record, read_json,
+                        versions)
 
 # %% auto #0
-__all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'PACKAGES', 'READS', 'READS_FROM', 'QUIET_KERNEL',
-           'RESULTS_MARKERS', 'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'versions',
-           'machine', 'chapter_modules', 'library_sha256', 'git_commit', 'read_json', 'previous_record', 'duration',
-           'has_data', 'chapter_input', 'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults',
-           'run_chapter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page',
-           'run_times', 'results_table', 'update_readme', 'provenance', 'write_reports', 'cli_run']
+__all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'READS', 'READS_FROM', 'QUIET_KERNEL',
+           'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'has_data', 'chapter_input',
+           'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter', 'Step',
+           'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -50,16 +48,15 @@ def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) 
 # %% ../nbs/12_reproduce.ipynb #7e87bb8f
 PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
                    ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"))  # prefix, module, config
-SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")  # read by several stages and commands (`engine_max_batch`: `afm.engine.profile_engine`); no chapter declares them
+SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")  # read by several stages and commands (`engine_max_batch`: `afm.engine_local.profile_engine`); no chapter declares them
 DRIVER_KEYS = ("expected_minutes",)  # read by `run` itself, never by a chapter (so not part of what a chapter ran with)
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
 
 
 def profile_keys(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> set[str]:
     "Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of `PROFILE_CONFIGS`, a shared or driver key."
-    import papermill
     keys = set(SHARED_KEYS) | set(DRIVER_KEYS)
-    for _, nb in pipeline_chapters(nbs, table): keys |= set(papermill.inspect_notebook(str(nb)))
+    for _, nb in pipeline_chapters(nbs, table): keys |= set(declared_parameters(nb))
     for prefix, module, name in PROFILE_CONFIGS:
         cls = getattr(importlib.import_module(module), name, None) if importlib.util.find_spec(module) else None
         if cls is not None: keys |= {prefix + f.name for f in dataclasses.fields(cls)}  # a config not written yet adds none
@@ -70,94 +67,6 @@ def check_profile(params: dict[str, Any], nbs: Path | str, where: str, table: Se
     "A ValueError naming every key of profile `params` that nothing reads (and the nearest key that is read)."
     check_keys(params, profile_keys(nbs, table), where, "a key is a chapter's parameter, <prefix><field> of a config read "
                f"from the profile ({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of {', '.join(SHARED_KEYS + DRIVER_KEYS)}")
-
-# %% ../nbs/12_reproduce.ipynb #737d732c
-PACKAGES = ("afm", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "papermill", "nbdev", "vllm")
-
-
-def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
-    "Installed versions of the packages that matter for a run (None when not installed)."
-    def v(p):
-        try: return metadata.version(p)
-        except metadata.PackageNotFoundError: return None
-    return {"python": platform.python_version(), **{p: v(p) for p in packages}}
-
-
-def machine() -> dict[str, Any]:
-    "The machine a run happened on: platform, processor, cores, memory and accelerators."
-    mem = None
-    try: mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError): pass
-    try:
-        import torch
-        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    except ImportError: gpus = []
-    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
-            "memory_gib": mem, "gpus": gpus, "hostname": platform.node()}
-
-
-def _sha256(path: Path) -> str: return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-_USES = re.compile(r"\bafm\.(\w+)|from \.(\w+) import")  # `afm.x` anywhere (imports, lazy imports, prose), `from .x import`
-
-
-def chapter_modules(root: Path | str, nb: Path | str, own: str | None = None) -> list[str]:
-    "The modules of `afm/` chapter `nb` may call: its own (`own`), those its notebook names, and those they name, transitively."
-    lib, found = Path(root) / "afm", set()
-    todo = {a or b for a, b in _USES.findall(Path(nb).read_text())} | ({own} if own else set())
-    while todo:
-        m = todo.pop()
-        if m in found or not (lib / f"{m}.py").is_file(): continue
-        found.add(m); todo |= {a or b for a, b in _USES.findall((lib / f"{m}.py").read_text())}
-    return sorted(found)
-
-
-def library_sha256(root: Path | str, modules: Sequence[str] | None = None) -> str:
-    """A hash of the exported library (`afm/*.py`, or only `modules`, as `chapter_modules` finds them) and its data files
-    (`afm/*.json`): a chapter reruns when code it may call has changed, and only then."""
-    lib, h = Path(root) / "afm", hashlib.sha256()
-    files = sorted(lib.glob("*.py")) if modules is None else [lib / f"{m}.py" for m in sorted(modules)]
-    for f in [*files, *sorted(lib.glob("*.json"))]: h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
-def git_commit(root: Path | str) -> str | None:
-    "The repository's commit (12 hex digits; `+changes` when `afm/` or `nbs/` differ from it), or None outside git."
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30)
-    try:
-        head = git("rev-parse", "--short=12", "HEAD")
-        if head.returncode: return None
-        return head.stdout.strip() + ("+changes" if git("status", "--porcelain", "--", "afm", "nbs").stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError): return None
-
-# %% ../nbs/12_reproduce.ipynb #1ff8d546
-def read_json(path: Path | str, hint: str = "") -> Any:
-    "The JSON in `path` (None when there is no such file); a damaged file is a one-line ValueError naming it, and `hint` (what to do)."
-    path = Path(path)
-    if not path.is_file(): return None
-    try: return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        why = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
-        raise ValueError(f"{path} is damaged ({why})" + (f"; {hint}" if hint else "")) from None
-
-
-def previous_record(path: Path | str, profile: str, say: bool = True) -> dict[str, Any]:
-    "The record in metrics.json `path` when a run of `profile` wrote it, else {} (a damaged file is said in one line on stderr when `say`)."
-    try: old = read_json(path, "this run writes a fresh record")
-    except ValueError as e:
-        if say: print(e, file=sys.stderr)
-        return {}
-    return old if isinstance(old, dict) and old.get("profile") == profile else {}
-
-
-def duration(seconds: float | None) -> str:
-    "`seconds` for a reader: `45 s`, `12 min`, `2 h 05 min` (`?` when unknown)."
-    if seconds is None: return "?"
-    if seconds < 60: return f"{round(seconds)} s"
-    if seconds < 3570: return f"{round(seconds / 60)} min"
-    h, m = divmod(round(seconds / 60), 60)
-    return f"{h} h {m:02d} min"
 
 # %% ../nbs/12_reproduce.ipynb #cdff063f
 READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft", "results": "rl"}  # chapter key -> the stage whose data (`data_dir`) it reads
@@ -200,16 +109,14 @@ def expected_time(to_run: Sequence[str], resumed: int, known: dict[str, float], 
 
 # %% ../nbs/12_reproduce.ipynb #c43d22e1
 def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]:
-    "The subset of `params` that notebook `nb` declares in its `parameters` cell."
-    import papermill
-    declared = papermill.inspect_notebook(str(nb))
+    "The subset of `params` that notebook `nb` declares in its `parameters` cell (`afm.core.declared_parameters`)."
+    declared = declared_parameters(nb)
     return {k: v for k, v in params.items() if k in declared}
 
 
 def notebook_defaults(nb: Path | str, params: dict[str, Any]) -> dict[str, str]:
     "The parameters of notebook `nb` that `params` leaves unset, with the default (source text) the notebook runs them at."
-    import papermill
-    return {k: d["default"] for k, d in papermill.inspect_notebook(str(nb)).items() if k not in params and k not in INJECTED}
+    return {k: d for k, d in declared_parameters(nb).items() if k not in params and k not in INJECTED}
 
 
 def _local_kernel(folder: str):
@@ -282,7 +189,8 @@ def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[st
     for ch, nb in chapters:
         p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
         stamp = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS}, "parameters": p,
-                 "notebook_sha256": _sha256(nb), "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
+                 "notebook_sha256": file_sha256(nb),
+                 "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
         feeds = data_dir(ch.key, profile, root) if ch.key in READS.values() else None  # data a later chapter reads
         done = None if rerun else finished(reports / ch.key, stamp, feeds)
         rerun = rerun or done is None  # data flows down the table: what follows a chapter that runs runs too
@@ -340,7 +248,7 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     metrics_path = reports / "metrics.json"
     steps = plan_run(nbs, profile, params, reports, root, resume)
     to_run = [s.chapter.key for s in steps if s.done is None]
-    check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table})  # before anything runs, too
+    check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table if c.pipeline})  # before anything runs, too
     known = chapter_seconds(steps, reports, previous_record(metrics_path, profile))
     expected, line = expected_time(to_run, len(steps) - len(to_run), known, params, f"{settings.name} [{profile}]")
     print(f"afm run --profile {profile}: {line}", flush=True)
@@ -408,168 +316,6 @@ def browse_page(profile: str, reports: Path, root: Path | str | None = None, lim
         print(f"afm run: no trajectory page: {e}", file=sys.stderr)
         return None
 
-# %% ../nbs/12_reproduce.ipynb #bbdcf816
-RESULTS_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")  # the README's generated block lies between these
-
-
-def _dig(record: Any, path: str) -> Any:
-    "The value at dotted `path` (`sft.world_qa_chance`) of `record`, None when any part is missing."
-    for part in path.split("."):
-        if not isinstance(record, dict) or part not in record: return None
-        record = record[part]
-    return record
-
-
-def _num(v: Any, sign: bool = False) -> str:
-    "A figure for a reader: whole numbers with thousands separated, others to three significant digits; dicts and lists spelled out."
-    if isinstance(v, dict): return " · ".join(f"{k}: {_num(x)}" for k, x in v.items())
-    if isinstance(v, (list, tuple)): return ", ".join(_num(x) for x in v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)): return str(v)
-    if isinstance(v, int) or abs(v) >= 100: return f"{v:+,.0f}" if sign else f"{v:,.0f}"
-    return f"{v:+.3g}" if sign else f"{v:.3g}"
-
-
-def _mean(v: Any) -> float | None:
-    "A chance level: the number itself, or the mean of a per-suite dict."
-    if isinstance(v, dict): v = [x for x in v.values() if isinstance(x, (int, float))] or None
-    return sum(v) / len(v) if isinstance(v, list) else v
-
-
-def _ci(v: Any) -> str:
-    "A 95% interval `[lo, hi]` from a pair or a dict holding `ci95`; empty when there is none."
-    v = v.get("ci95") if isinstance(v, dict) else v
-    return f"[{_num(v[0])}, {_num(v[1])}]" if isinstance(v, (list, tuple)) and len(v) == 2 else ""
-
-
-def run_times(record: dict[str, Any]) -> str:
-    "One line on how long the run took: its wall time (the install included under `make reproduce`) and the chapters' own times."
-    secs, resumed = [s for s in (record.get("seconds") or {}).values() if s is not None], record.get("resumed") or []
-    wall = record.get("reproduce_seconds")
-    line = (f"{duration(wall)} wall time for this run" + (f" (`make reproduce`, the install's {duration(record['install_seconds'])} included)"
-            if record.get("install_seconds") is not None else " (the install not included)") + "; ") if wall is not None else ""
-    line += f"the chapters' own times add up to {duration(sum(secs)) if secs else '?'}"
-    if resumed: line += f" ({len(resumed)} of them finished in earlier runs and were resumed: their times are from then)"
-    if record.get("expected_seconds"): line += f"; expected {duration(record['expected_seconds'])}"
-    if load := record.get("load"):  # times mean little on a machine that other work shared
-        line += f"; the machine's 1-minute load averaged {load['mean']:g} (at most {load['max']:g}) on {load['cpus']} CPUs"
-    return line + "."
-
-# %% ../nbs/12_reproduce.ipynb #ab45b868
-def results_table(record: dict[str, Any]) -> str:
-    """The headline results of a run (the content of `metrics.json`) as markdown: a line naming the model, profile and grading,
-    then one row per figure with its chance level and 95% interval where measured. Figures the record lacks are left out."""
-    from afm.results import paper_results
-    get, rows, paper = lambda path: _dig(record, path), [], paper_results()
-    pt = lambda table, model, col: next((r["values"].get(col) for r in paper["tables"][table]["rows"] if r["model"] == model), None)
-    def row(stage, figure, value, chance=None, ci=None, published=""):
-        if value is not None and value != "":
-            rows.append(f"| {stage} | {figure} | {value} | {'' if chance is None else _num(chance)} | {_ci(ci)} | {published} |")
-    num = lambda path, sign=False: None if get(path) is None else _num(get(path), sign)
-    both = lambda a, b, sep=" → ": None if get(a) is None or get(b) is None else f"{_num(get(a))}{sep}{_num(get(b))}"
-    d = paper["distillation"]
-    row("distillation", f"tasks given to the teacher ({get('distill.brain') or 'teacher'}) → trajectories kept", both("distill.tasks", "distill.dataset_rows"),
-        published=f"web SFT set: {d['web_sft_rows']:,} trajectories, {d['web_mean_hops']} hops on average")
-    row("distillation", "teacher tokens per task", num("distill.teacher_mean_tokens_per_task"))
-    row("distillation", "teacher tool calls per task", num("distill.teacher_mean_tool_calls_per_task"))
-    qa, suites = get("sft.world_qa_chance"), len(get("sft.chance") or {}) or "all"
-    row("SFT", "world QA (4 suites), test split, SFT model, greedy", num("sft.world_qa_sft_strict"), qa,
-        published=f"AFM-SFT-32B on GAIA: {pt('web', 'AFM-SFT-32B', 'gaia')}%")
-    row("SFT", "world QA, SFT model, temperature 1.0", num("sft.world_qa_sft_t1"), qa)
-    row("SFT", "world QA, the untrained model", num("sft.world_qa_untrained"), qa)
-    row("SFT", f"{get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy", num("sft.heldout_sft"),
-        _mean(get("sft.chance")), get("sft.heldout_sft_ci95"))
-    row("SFT", "training minutes (every stage of the recipe)", num("sft.sft_minutes"))
-    rl_chance, n, seeds = _mean(get("rl.chance")), get("rl.heldout_questions"), get("rl.seeds")
-    arm = f"RL model ({seeds} seed{'s, mean' * (seeds != 1)} of {get('rl.steps_per_seed')} steps)" if seeds else "RL model"
-    t1 = f"temperature 1.0, {get('rl.t1_samples')} samples a question" if get("rl.t1_samples") else "temperature 1.0"
-    for mode, tag in (("greedy", "greedy"), (t1, "t1")):
-        where = f"{n} world QA test questions, {mode}" if n else f"world QA test questions, {mode}"
-        row("RL", f"SFT model, {where}", num(f"rl.heldout_sft_{tag}"), rl_chance)
-        row("RL", f"{arm}, {where}", num(f"rl.heldout_rl_{tag}_mean"), rl_chance)
-        row("RL", f"RL − SFT, {mode}, paired over the questions", num(f"rl.paired_ci_{tag}.difference", sign=True), None, get(f"rl.paired_ci_{tag}"),
-            published=f"GAIA at 32B {pt('web', 'AFM-SFT-32B', 'gaia')} → {pt('web', 'AFM-RL-32B', 'gaia')}; AIME25 at 7B "
-                      f"{pt('math', 'AFM-SFT-7B', 'aime25')} → {pt('math', 'AFM-RL-7B', 'aime25')}" if tag == "greedy" else "")
-    row("efficiency", "tokens per task: teacher → CoA model", both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
-    row("efficiency", f"token reduction (%), CoA RL model against the teacher on {get('results.tasks') or 'the same'} test questions",
-        num("results.token_reduction_pct"),
-        published=f"{paper['efficiency']['token_reduction_pct']}% fewer tokens than its MAS on GAIA")
-    row("efficiency", "tool calls per solved task: teacher → CoA model",
-        both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"))
-    for arm in ("SFT", "RL"):
-        pk, bo, q = get(f"results.pass_at_k.{arm}") or {}, get(f"results.best_of_n.{arm}") or {}, get("results.tts_questions")
-        if pk: row("test-time scaling", f"{arm} model, {q} test questions at T=1.0: pass@1 → pass@{max(pk, key=int)}",
-                   f"{_num(pk['1'])} → {_num(pk[max(pk, key=int)])}", get("results.chance"))
-        if "best_of_3_vote" in bo: row("test-time scaling", f"{arm} model: Best-of-3 by majority vote (pass@3: {_num(pk.get('3'))})",
-                                       _num(bo["best_of_3_vote"]), get("results.chance"), published=f"AFM on GAIA: Best-of-3 "
-                                       f"{pt('tts', 'AFM (32B)', 'gaia_best_of_3')}, pass@3 {pt('tts', 'AFM (32B)', 'gaia_pass_at_3')}" if arm == "RL" else "")
-    if get("reproduce_seconds") is not None or get("seconds"): row("run", "time", run_times(record).removesuffix("."))
-    model = get("parameters.model") or get("profile")
-    head = (f"Profile `{record.get('profile')}` · model `{model}` · graded strictly (exact match; a hedge of several answers scores 0) on "
-            f"afm's generated suites · {str(record.get('date', '?'))[:10]} on {get('machine.cpus') or '?'} CPUs"
-            + (f" · **the run failed** ({', '.join(record['failed'])}): see `reports/README.md`" if record.get("failed") else "")
-            + ". These are a small model's numbers on generated tasks, not comparable with the paper's benchmarks.")
-    return "\n".join([head, "", "| stage | figure | value | chance | 95% CI | the paper (its own models and benchmarks) |",
-                      "|---|---|---|---|---|---|", *rows]) + "\n"
-
-
-def update_readme(readme: Path | str, record: dict[str, Any]) -> bool:
-    "Rewrite the block of `readme` between `RESULTS_MARKERS` with `results_table(record)`; False (and nothing written) when it has no such block."
-    readme, (start, end) = Path(readme), RESULTS_MARKERS
-    text = readme.read_text() if readme.is_file() else ""
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end): return False
-    head, rest = text.split(start)
-    new = f"{head}{start}\n{results_table(record)}{end}{rest.split(end)[1]}"
-    if new != text: readme.write_text(new)
-    return True
-
-# %% ../nbs/12_reproduce.ipynb #5730018a
-def provenance(reports: Path | str, key: str, nb: Path, library: str) -> dict[str, Any]:
-    "Which commit produced chapter `key`'s figures (its `run.json`), and whether its notebook or the `library` hash changed since."
-    try: ran = read_json(Path(reports) / key / "run.json")
-    except ValueError as e: return {"commit": None, "stale": f"its run.json is damaged ({str(e).split('(', 1)[-1].split(')')[0]})"}
-    if not isinstance(ran, dict): return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
-    changed = [what for what, now in (("notebook", _sha256(nb) if nb.is_file() else None), ("library", library))
-               if ran.get(f"{what}_sha256") != now]
-    return {"commit": ran.get("commit"), "finished": ran.get("finished"),
-            "stale": f"the {' and the '.join(changed)} changed since" if changed else None}
-
-
-def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[Chapter] = CHAPTERS, root: Path | str | None = None) -> None:
-    """Write `metrics.json` and the markdown report card `README.md` into `reports`; with the repository `root`, each
-    chapter says which commit produced its figures and is flagged when its notebook or the library changed since, and a
-    run of `tiny` into its default reports also rewrites the results table of the repository's README (`update_readme`)."""
-    reports = Path(reports); reports.mkdir(parents=True, exist_ok=True)
-    if root is not None:
-        nb = lambda c: Path(root) / "nbs" / f"{c.notebook}.ipynb"
-        record["provenance"] = {c.key: provenance(reports, c.key, nb(c), library_sha256(root, chapter_modules(root, nb(c), c.module)) if nb(c).is_file() else None)
-                                for c in table if c.key in record}
-    (reports / "metrics.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    failed, not_run = record.get("failed") or {}, record.get("not_run") or []
-    lines = [f"# Report card — profile `{record['profile']}`" + (" — FAILED" if failed else ""), ""]
-    if failed:
-        lines += ["**This run failed.** " + "; ".join(f"`{k}`: {m}" for k, m in failed.items())
-                  + (f". Not run after it: {', '.join(f'`{k}`' for k in not_run)}." if not_run else "."), ""]
-    lines += [f"Regenerated by `make reproduce PROFILE={record['profile']}` on {record['date']} "
-             f"({record['machine']['cpus']} CPUs, {record['machine']['memory_gib']} GiB, "
-             f"GPUs: {', '.join(record['machine']['gpus']) or 'none'}). Every number below is in `metrics.json`.", "",
-             f"**Time:** {run_times(record)}", "", "## Headline figures, beside the paper's", "", results_table(record)]
-    for ch in table:
-        key = ch.key
-        if key not in record: continue
-        resumed = " — resumed from an earlier run" if key in (record.get("resumed") or []) else ""
-        lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({(record.get('seconds') or {}).get(key, '?')} s{resumed})", ""]
-        if prov := record.get("provenance", {}).get(key):
-            lines += [f"Produced by commit `{prov['commit'] or 'unknown'}`" + (f", finished {prov['finished']}." if prov.get("finished") else ".")
-                      + (f" **Stale: {prov['stale']}; rerun `afm run --chapters {ch.notebook}`.**" if prov["stale"] else ""), ""]
-        if defaults := (record.get("defaults") or {}).get(key):
-            lines += ["At the notebook's defaults (the profile does not set them): " + ", ".join(f"`{k} = {v}`" for k, v in defaults.items()), ""]
-        lines += ["| figure | value |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in record[key].items()] + [""]
-    lines += ["## Versions", "", " · ".join(f"{k} {v}" for k, v in record["versions"].items() if v), ""]
-    (reports / "README.md").write_text("\n".join(lines))
-    if root is not None and record["profile"] == "tiny" and reports.resolve() == default_reports("tiny", root).resolve():
-        update_readme(Path(root) / "README.md", record)
-
 # %% ../nbs/12_reproduce.ipynb #c06adf70
 def cli_run(argv: list[str] | None = None) -> int:
     "`afm run`: run the pipeline headless for a profile and write reports/."
@@ -601,6 +347,6 @@ def cli_run(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:
         print(f"afm run: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 1
-    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.key in rec)
+    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.pipeline and c.key in rec)
           + f" in {duration(rec.get('run_seconds'))}")
     return 0

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,8 +21,11 @@ from .rollout import prompt_messages
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['VERIFIERS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows', 'paper_results',
-           'ours_benchmark_rows', 'paper_table', 'suites_rows', 'ablation_rows', 'write_table']
+__all__ = ['VERIFIERS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
+           'paper_results', 'ours_benchmark_rows', 'paper_table', 'suites_rows', 'ablation_rows', 'write_table',
+           'Study', 'reported_models', 'stand_in_models', 'study_models', 'efficiency_study', 'efficiency_note',
+           'tts_study', 'benchmark_study', 'report_metrics', 'scaling_figures', 'tts_rows', 'write_tables',
+           'results_figures']
 
 # %% ../nbs/11_results.ipynb #59af4b63
 def teacher_cost(run: MASRun, task: Task, reward: float) -> dict[str, Any]:
@@ -123,16 +129,19 @@ def ours_benchmark_rows(metrics: Mapping[str, dict]) -> list[dict]:
     return [{**r, "data": ", ".join(f"{b}: {'first ' + str(n) if n else 'a subset'}" for b, n in r["data"].items())} for r in rows.values()]
 
 
-def paper_table(name: str, ours: Sequence[dict] = (), paper: Mapping | None = None) -> list[dict]:
-    "Table `name` of the paper in its layout: its published rows, then ours that have a value in one of its columns; every row labelled."
+def paper_table(name: str, ours: Sequence[dict] = (), paper: Mapping | None = None,
+                columns: Mapping[str, str] | None = None) -> list[dict]:
+    """Table `name` of the paper in its layout: its published rows, then ours that have a value in one of its columns; every
+    row labelled. `columns` (column -> title) adds columns of ours after the paper's, leaving the paper's numbers as they are."""
     tables = (paper or paper_results())["tables"]
     if name not in tables: raise ValueError(f"no paper table {name!r}; there are {', '.join(tables)}")
     t = tables[name]
+    cols = {**t["columns"], **(columns or {})}
     label = lambda r, src: {"source": src, "model": r["model"], "profile": r.get("profile", "—"), "data": r.get("data", "the benchmark"),
                             "grading": r.get("grading", t["grading"])}
-    rows = [{**label(r, "paper"), **{title: r["values"].get(c) for c, title in t["columns"].items()}} for r in t["rows"]]
-    rows += [{**label(r, "afm"), **{title: r["values"].get(c) for c, title in t["columns"].items()}}
-             for r in ours if any(c in r["values"] for c in t["columns"])]
+    rows = [{**label(r, "paper"), **{title: r["values"].get(c) for c, title in cols.items()}} for r in t["rows"]]
+    rows += [{**label(r, "afm"), **{title: r["values"].get(c) for c, title in cols.items()}}
+             for r in ours if any(c in r["values"] for c in cols)]
     return rows
 
 # %% ../nbs/11_results.ipynb #21cd8a0e
@@ -188,3 +197,237 @@ def write_table(rows: Sequence[dict], out: Path | str, title: str = "", note: st
         w = csv.DictWriter(f, columns); w.writeheader()
         w.writerows({c: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for c, v in r.items()} for r in rows)
     return {"md": str(out.with_suffix(".md")), "csv": str(out.with_suffix(".csv"))}
+
+# %% ../nbs/11_results.ipynb #d72a2041
+@dataclass
+class Study:
+    "What the studies compare on a profile: the SFT and RL models, the test tasks, their greedy records, a data folder."
+    models: dict[str, Path]
+    tasks: list[Task]
+    records: dict[str, list[dict]]
+    root: Path
+    system: str | None = None  # the models' system prompt (None: the profile's own)
+    stand_in: bool = False  # the CI stand-in in place of both models: its numbers check the code path, not results
+
+    @property
+    def label(self) -> str:
+        "What to say beside a number the study measured: nothing, or that it is the CI stand-in's."
+        return " (the CI stand-in's numbers: a code-path check, not a result)" if self.stand_in else ""
+
+    def __post_init__(self):
+        ids = sorted(t.id for t in self.tasks)
+        for name, recs in self.records.items():  # the CoA side must be exactly these tasks, once each
+            if sorted(r["task_id"] for r in recs) != ids:
+                raise ValueError(f"the {name} records are not one greedy answer to each of the {len(ids)} test tasks")
+
+# %% ../nbs/11_results.ipynb #93a25891
+def reported_models(profile: str, root: Path | str | None = None) -> Study:
+    """The models chapter 10 reported for `profile` (`data/rl/<profile>/summary.json`): the SFT model RL started from
+    and seed 0's RL model chosen on val, with their greedy records on the test questions RL was scored on."""
+    from afm.core import chapter, data_dir
+    from afm.evaluate import read_records, suite_tasks
+    path = data_dir("rl", profile, root) / "summary.json"
+    if not path.is_file():
+        command = f"afm run --profile {profile} --chapters {chapter('rl').notebook}"
+        raise FileNotFoundError(f"no {path}: run `{command}` first")
+    s = json.loads(path.read_text())
+    test = s["test_records"]
+    records = {"SFT": read_records(test["sft_greedy"]), "RL": read_records(test["rl0_greedy"])}
+    return Study({"SFT": Path(s["start_model"]), "RL": Path(s["chosen_models"]["0"])},
+                 suite_tasks(s["test_per_suite"], "test", s["suites"]), records, data_dir("results", profile, root))
+
+# %% ../nbs/11_results.ipynb #0adc6895
+def stand_in_models(profile: str, box, suites: Sequence[str], per_suite: int) -> Study:
+    "CI's study: the small tool-calling model in place of both models, greedy on `per_suite` test questions a suite."
+    import tempfile
+    from afm.engine_local import profile_engine
+    from afm.evaluate import records as eval_records, suite_tasks
+    from afm.fit import TINY_SYSTEM, tool_calling_tiny
+    from afm.models import save_model
+    from afm.rollout import rollout_config
+    root = Path(tempfile.mkdtemp()) / "results"
+    model = save_model(*tool_calling_tiny(), root / "stand-in")
+    tasks = suite_tasks(per_suite, "test", suites)
+    cfg = rollout_config(profile, temperature=0.0, top_p=1.0, seed=0, system=TINY_SYSTEM)
+    engine = lambda: profile_engine(model, profile)
+    records = {k: eval_records(root / f"eff_{k}.jsonl", engine, tasks, box, cfg) for k in ("SFT", "RL")}
+    return Study({"SFT": model, "RL": model}, tasks, records, root, TINY_SYSTEM, stand_in=True)
+
+
+def study_models(profile: str, box, stand_in: bool, suites: Sequence[str] = (), per_suite: int = 2) -> Study:
+    "Which models `profile` reports: those chapter 10 chose (`reported_models`), or with `stand_in` CI's on `suites`."
+    return stand_in_models(profile, box, suites, per_suite) if stand_in else reported_models(profile)
+
+# %% ../nbs/11_results.ipynb #e743aada
+def efficiency_study(study: Study, profile: str, box) -> tuple[list[dict], float]:
+    """The teacher MAS of `profile` on the study's tasks (its runs appended to `study.root/runs.jsonl`, resumable),
+    billed beside the models' records: the efficiency rows (`efficiency_rows`, the teacher first), its wall seconds."""
+    from afm.core import load_profile
+    from afm.distill import DistillConfig, generate_runs
+    from afm.grading import grade
+    from afm.mas import MultiAgentSystem
+    from afm.world import tool_sizes
+    prof, by_id = load_profile(profile), {t.id: t for t in study.tasks}
+    mas = MultiAgentSystem(DistillConfig(teacher=prof.get("distill_teacher") or {}).make_brain(), box)
+    t0 = time.perf_counter()
+    runs = generate_runs(study.tasks, mas, study.root / "runs.jsonl", workers=2, progress=False,
+                         identity={"tools": str(tool_sizes(profile))})
+    seconds = time.perf_counter() - t0
+    graded = lambda r: grade(by_id[r.task_id], r.answer) if r.answer is not None else 0.0
+    costs = {"teacher (MAS)": [teacher_cost(r, by_id[r.task_id], graded(r)) for r in runs]}
+    for name, recs in study.records.items():
+        costs[f"CoA {name}"] = [coa_cost(r, by_id[r["task_id"]], prof.get("system_style", "full"), box.registry,
+                                         study.system) for r in recs]
+    return efficiency_rows(costs), seconds
+
+# %% ../nbs/11_results.ipynb #58a78ccb
+def efficiency_note(study: Study, profile: str, teacher_seconds: float) -> str:
+    "The note under the efficiency table: the questions, how tokens and seconds are counted, the grading."
+    suites = ", ".join(sorted({t.source for t in study.tasks}))
+    return (f"{len(study.tasks)} test questions ({suites}), the same tools at the same sizes, profile `{profile}`. "
+            "Tokens: every model call's prompt and completion, counted by `afm.llm.count_tokens` for both sides; "
+            "`tokens_once_per_task`: each token of a CoA episode once (a KV cache). Seconds: the teacher's are its "
+            "brain's (the offline teacher is scripted, near 0; an LLM teacher adds its generation; all its runs took "
+            f"{teacher_seconds:.1f} s of wall time with their tools), the models' are CPU generation and tools. "
+            "Grading: strict.")
+
+# %% ../nbs/11_results.ipynb #38321176
+def tts_study(study: Study, profile: str, box, per_suite: int, samples: int) -> tuple[list[Task], dict, dict]:
+    """Each model samples the first `per_suite` test questions of each of the study's suites `samples` times at the
+    paper's decoding (T=1.0, top-p 0.9; records in `study.root/tts_<model>.jsonl`, resumable): the tasks, the records,
+    and each model's `scaling_rows` for N = 1, 2, 3 and the powers of two up to `samples`."""
+    from afm.engine_local import profile_engine
+    from afm.evaluate import eval_key, records as eval_records, suite_tasks, weights_stamp
+    from afm.rollout import rollout_config
+    from afm.world import tool_sizes
+    tasks = suite_tasks(per_suite, "test", sorted({t.source for t in study.tasks}))
+    cfg = rollout_config(profile, temperature=1.0, top_p=0.9, seed=0, system=study.system)
+    ns = sorted({1, 2, 3, *[2 ** i for i in range(10) if 2 ** i <= samples], samples})
+    records, scaling = {}, {}
+    for name, folder in study.models.items():
+        key = eval_key(weights_stamp(folder), tasks, cfg, samples, tool_sizes(profile))
+        engine = lambda f=folder: profile_engine(f, profile)
+        records[name] = eval_records(study.root / f"tts_{name}.jsonl", engine, tasks, box, cfg, samples, key=key,
+                                     stale="restart")
+        scaling[name] = scaling_rows(records[name], ns)
+    return tasks, records, scaling
+
+# %% ../nbs/11_results.ipynb #fbfae61f
+def benchmark_study(study: Study, profile: str, benchmarks: Sequence[str], n: int = 0) -> dict[str, dict]:
+    """The study's models on the first `n` problems (0: all) of each registered benchmark of `benchmarks`, at the
+    profile's evaluation decoding and with its tools (records in `study.root/bench_*.jsonl`):
+    `{benchmark: {model: {score, n, ci95, grading}}}`."""
+    from afm.core import load_profile
+    from afm.distill import ToolboxConfig
+    from afm.engine_local import profile_engine
+    from afm.evaluate import eval_config, eval_key, records as eval_records, suite_rows, weights_stamp
+    from afm.tasks import load_benchmark
+    from afm.world import tool_sizes
+    if not benchmarks: return {}
+    box = ToolboxConfig(**(load_profile(profile).get("distill_toolbox") or {})).toolbox(tool_sizes(profile))
+    cfg, scores = eval_config(profile), {}
+    for bench in benchmarks:
+        tasks = load_benchmark(bench)[:n or None]
+        for name, folder in study.models.items():
+            key = eval_key(weights_stamp(folder), tasks, cfg, 1, tool_sizes(profile))
+            engine = lambda f=folder: profile_engine(f, profile)
+            recs = eval_records(study.root / f"bench_{bench}_{name}.jsonl", engine, tasks, box, cfg, key=key,
+                                stale="restart")
+            row = suite_rows(recs, by="kind")[-1]
+            scores.setdefault(bench, {})[name] = {"score": row["avg@k"], "n": row["questions"], "ci95": row["ci95"],
+                                                  "grading": "strict"}
+    return scores
+
+# %% ../nbs/11_results.ipynb #a300635a
+def report_metrics(profile: str, reports: Path | str | None = None, benchmarks: Mapping | None = None,
+                   root: Path | str | None = None) -> dict[str, dict]:
+    """The record (`metrics.json`) of every profile with reports in the repository (`tiny`, `tiny-study`, `smol`,
+    `paper-*`); with `reports` (a run of `profile` in progress), `profile`'s as its chapters wrote their figures just
+    now, with this chapter's `benchmarks`."""
+    from afm.core import default_reports, load_profile, repo_root
+    metrics, paper = {}, sorted(d.name for d in (repo_root(root) / "reports").iterdir() if d.name.startswith("paper-"))
+    for p in ("tiny", "tiny-study", "smol", *paper):
+        f = default_reports(p, root) / "metrics.json"
+        if f.is_file():
+            try: metrics[p] = json.loads(f.read_text())
+            except ValueError as e:
+                raise ValueError(f"{f}: damaged ({e}); rerun that profile or delete the file") from None
+    if reports:  # this run's chapters, as they wrote their figures just now, and this chapter's benchmark scores
+        ran = {k: json.loads(f.read_text()) for k in ("sft", "rl")
+               if (f := Path(reports) / k / "figures.json").is_file()}
+        metrics[profile] = {**metrics.get(profile, {}), "parameters": load_profile(profile),
+                            "results": {"benchmarks": dict(benchmarks or {})}, **ran}
+    return metrics
+
+# %% ../nbs/11_results.ipynb #a24241e7
+TTS_COLUMNS = {"world_best_of_3": "world QA Best-of-3 (ours)",
+               "world_pass_at_3": "world QA pass@3 (ours)"}  # ours, beside the paper's tts table
+
+
+def scaling_figures(scaling: Mapping[str, Sequence[dict]]) -> dict[str, dict]:
+    "Each model's `best_of_n` (by each verifier, at N = 3 and the largest N) and `pass_at_k` (every N), from its rows."
+    top = max(r["n"] for rows in scaling.values() for r in rows)
+    best = {name: {f"best_of_{r['n']}_{v}": r[f"best-of-n {v}"] for r in rows if r["n"] in (3, top) for v in VERIFIERS}
+            for name, rows in scaling.items()}
+    passed = {name: {str(r["n"]): r["pass@n"] for r in rows} for name, rows in scaling.items()}
+    return {"best_of_n": best, "pass_at_k": passed}
+
+
+def tts_rows(scaling: Mapping[str, Sequence[dict]], model: str, profile: str, questions: int) -> list[dict]:
+    "Our rows of the paper's `tts` table: each model's Best-of-3 by majority vote and pass@3, in percent."
+    s = scaling_figures(scaling)
+    values = lambda name: {"world_best_of_3": round(100 * s["best_of_n"][name]["best_of_3_vote"], 1),
+                           "world_pass_at_3": round(100 * s["pass_at_k"][name]["3"], 1)}
+    return [{"source": "afm", "model": f"{model} ({name})", "profile": profile,
+             "data": f"generated suites, {questions} test questions", "grading": "strict; Best-of-3 by majority vote",
+             "values": values(name)} for name in scaling]
+
+# %% ../nbs/11_results.ipynb #52825040
+def write_tables(out: Path | str, metrics: Mapping[str, dict], tts: Sequence[dict], eff: Sequence[dict], eff_note: str,
+                 scaling: Mapping[str, Sequence[dict]], tts_note: str) -> dict[str, dict[str, str]]:
+    """Write every table of the chapter into `out` (`write_table`): the paper's with our rows (`tts`: ours beside its
+    test-time scaling), the efficiency study, each model's scaling, the generated suites and the ablations."""
+    out, paper, tables = Path(out), paper_results(), {}
+    ours, labelled = ours_benchmark_rows(metrics), ("Percent. `source` says who measured a row; `profile`, `data` and "
+                                                    "`grading` how. An empty cell: not measured.")
+    for name, t in paper["tables"].items():
+        tts_here = name == "tts"
+        rows = paper_table(name, ours + (list(tts) if tts_here else []), paper, TTS_COLUMNS if tts_here else None)
+        title = f"{t['title']}: the paper's numbers and ours"
+        tables[f"paper_{name}"] = write_table(rows, out / f"paper_{name}", title, labelled, digits=1)
+    tables["efficiency"] = write_table(eff, out / "efficiency", "Efficiency: the teacher MAS against the CoA models",
+                                       eff_note)
+    for name, rows in scaling.items():
+        tables[f"scaling_{name}"] = write_table(rows, out / f"scaling_{name}", f"Test-time scaling, {name} model",
+                                                tts_note)
+    tables["suites"] = write_table(suites_rows(metrics), out / "suites",
+                                   "The generated suites: SFT and RL, chance beside",
+                                   "Test success in [0, 1]; `chance`: a guessing policy with no tools, the mean "
+                                   "over the suites.")
+    tables["ablations"] = write_table(ablation_rows(metrics), out / "ablations",
+                                      "Ablations: observation masking, RL against SFT by seed",
+                                      "Differences are paired question by question (bootstrap 95% interval).")
+    return tables
+
+# %% ../nbs/11_results.ipynb #753ef1d6
+def results_figures(eff: Sequence[dict], scaling: Mapping[str, Sequence[dict]], tts_questions: int, tts_samples: int,
+                    chance: Mapping[str, float], teacher_seconds: float, benchmarks: Mapping,
+                    tables: Mapping[str, dict], root: Path | str) -> dict[str, Any]:
+    """This chapter's figures (its `figures.json`): the efficiency study against the teacher, test-time scaling,
+    benchmark scores and the tables' paths (relative to `root`, as the repository holds them)."""
+    coa, teacher = next(r for r in eff if r["system"] == "CoA RL"), eff[0]
+    keys = ("tokens_per_task", "tokens_per_solved_task", "tool_calls_per_task", "tool_calls_per_solved_task")
+    return {"tasks": teacher["tasks"], "teacher_tokens_per_task": teacher["tokens_per_task"],
+            "coa_tokens_per_task": coa["tokens_per_task"], "coa_tokens_once_per_task": coa.get("tokens_once_per_task"),
+            "token_reduction_pct": coa["token_reduction_pct"],
+            "solved_token_reduction_pct": coa["solved_token_reduction_pct"],
+            "tool_calls_per_solved_task": {"teacher": teacher["tool_calls_per_solved_task"],
+                                           "coa": coa["tool_calls_per_solved_task"]},
+            "success": {r["system"]: r["success"] for r in eff},
+            "seconds_per_task": {r["system"]: r["seconds_per_task"] for r in eff},
+            "efficiency_by_system": {r["system"]: {k: r[k] for k in keys} for r in eff},
+            "tts_questions": tts_questions, "tts_samples": tts_samples, **scaling_figures(scaling),
+            "chance": round(sum(chance.values()) / len(chance), 4),
+            "paper_token_reduction_pct": paper_results()["efficiency"]["token_reduction_pct"],
+            "teacher_seconds": round(teacher_seconds, 1), "benchmarks": dict(benchmarks),
+            "tables": {k: os.path.relpath(v["md"], root) for k, v in tables.items()}}

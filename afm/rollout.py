@@ -14,13 +14,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .coa import TAGS, Accounting, Tag, TagRegistry, Trajectory, check, neutral, observation_text, parse, stop_strings, tag_words
+from .coa import TAGS, Accounting, Tag, TagRegistry, Trajectory, grammar_problems, neutral, observation_text, parse, stop_strings, tag_words
 from .core import FieldTypeError, check_fields, progress_bar
 from .engine import SEEDS, Engine, Generation, Request, SamplingParams
 from .llm import TEMPERATURE, TOP_P
 from .models import chat_prompt_ids, control_tokens, decode
 from .prompts import system_prompt
-from .tasks import Task
+from .tasks import Task, check_world
 from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
@@ -42,7 +42,7 @@ class Dialect:
     """The text protocol between a model and the environment. `tags`: the tags the model writes (None: the toolbox's, CoA's
     and its tools'); `tools`: the toolbox tool each of its tool tags calls; `information`: the tag an observation comes in
     when it is not CoA's `<observation>` (then between blank lines); `prompt`: a template of the whole user turn (None: the
-    CoA prompt of `prompt_messages`); `grammar`: whether the CoA grammar (`afm.coa.check`) applies to its episodes."""
+    CoA prompt of `prompt_messages`); `grammar`: whether the CoA grammar (`afm.coa.grammar_problems`) applies to its episodes."""
     name: str
     tags: TagRegistry | None = None
     tools: tuple[tuple[str, str], ...] = ()
@@ -77,7 +77,6 @@ DIALECTS = {"coa": Dialect("coa"),
             "search-r1": Dialect("search-r1", TagRegistry([TAGS["think"], Tag("search", "tool", "a query to the retriever (wiki_search)"),
                                                            TAGS["answer"], TAGS["observation"]]),
                                  tools=(("search", "wiki_search"),), information="information", prompt=SEARCH_R1_PROMPT, grammar=False)}
-
 
 # %% ../nbs/08_rollout.ipynb #38f1fb7e
 PROMPT_LAYOUTS = ("system", "user")  # where an episode's instructions go: a system turn (ours), or the user turn (the AFM release)
@@ -192,8 +191,10 @@ def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = Non
     An episode's tool call runs in a thread of its own while the other episodes keep generating, and the episode rejoins
     the batch in flight as soon as its observation is back (`Engine.run`). `stats`, when given, receives the wall time,
     the time spent in tool calls, and the time spent waiting on tools with nothing to generate. `samples`, when given, says
-    which sample of its task each episode is (its seeds follow from it); by default a task's repeats count 0, 1, … in order."""
+    which sample of its task each episode is (its seeds follow from it); by default a task's repeats count 0, 1, … in order.
+    Tasks of a generated world given a `toolbox` built for another are refused before anything runs (`check_world`)."""
     t_start, cfg, box = time.perf_counter(), config or RolloutConfig(), toolbox or Toolbox()
+    check_world(tasks, box.world)  # their answers would be on pages its search never finds: every episode would score 0
     dialect, states, seen = DIALECTS[cfg.dialect], [], Counter()
     if samples is not None and len(samples) != len(tasks): raise ValueError(f"samples: {len(samples)} numbers for {len(tasks)} tasks")
     for i, task in enumerate(tasks):
@@ -343,7 +344,7 @@ def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
                  meta={"kind": s.task.kind, "end": end})
     traj.accounting = Accounting(len(ep.prompt_ids), ep.sampled_tokens, ep.tool_calls, round(ep.seconds, 4))
     parsed, traj.answer = traj.answer, sampled_answer(tok, ep, tags)
-    problems = traj.problems + ([] if traj.problems or not s.dialect.grammar else check(traj, tags=tags))
+    problems = traj.problems + ([] if traj.problems or not s.dialect.grammar else grammar_problems(traj, tags=tags))
     if parsed is not None and traj.answer is None: problems.insert(0, "an <answer> outside the model's final turn (ignored)")
     ep.trajectory, ep.format_error = traj, why or (problems[0] if problems else None)
     return None

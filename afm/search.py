@@ -22,11 +22,11 @@ from .tools import BadInput, ToolContext, ToolError, ToolTimeout, normalize_quer
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'WORD', 'STOPWORDS', 'MAX_QUERIES', 'MAX_RESULTS', 'MAX_QUERY_CHARS', 'Document', 'wiki_url', 'wiki_documents',
-           'read_jsonl_documents', 'write_jsonl_documents', 'normalize_url', 'Hit', 'sentences', 'snippet',
-           'SearchIndex', 'corpus_key', 'default_index', 'format_web_results', 'format_wiki_results', 'SerperSearch',
-           'WebDocument', 'RetrieveRequest', 'retrieval_app', 'RetrievalClient', 'SearchConfig', 'web_search',
-           'wiki_search', 'bench_queries', 'bench_search', 'cli_bench', 'cli_serve']
+__all__ = ['log', 'WORD', 'STOPWORDS', 'NO_RESULTS', 'MAX_QUERIES', 'MAX_RESULTS', 'MAX_QUERY_CHARS', 'Document', 'wiki_url',
+           'wiki_documents', 'read_jsonl_documents', 'write_jsonl_documents', 'normalize_url', 'Hit', 'sentences',
+           'snippet', 'SearchIndex', 'corpus_key', 'default_index', 'format_web_results', 'format_wiki_results',
+           'SerperSearch', 'WebDocument', 'RetrieveRequest', 'retrieval_app', 'RetrievalClient', 'SearchConfig',
+           'web_search', 'wiki_search', 'bench_queries', 'bench_search', 'cli_bench', 'cli_serve']
 
 # %% ../nbs/02a_search.ipynb #d0c59a10
 @dataclass(frozen=True)
@@ -205,9 +205,12 @@ def default_index(extra: Iterable[Document] = (), user_corpus: Path | str | None
     return index
 
 # %% ../nbs/02a_search.ipynb #d5d09cc4
+NO_RESULTS = "No results found"  # how the observation of a web search that found nothing begins
+
+
 def format_web_results(query: str, hits: Sequence[Hit], snippet_chars: int = 240) -> str:
     "A `web_search` observation: numbered markdown links with snippets."
-    if not hits: return f"No results found for '{query}'. Try a shorter or different query."
+    if not hits: return f"{NO_RESULTS} for '{query}'. Try a shorter or different query."
     rows = []
     for i, h in enumerate(hits, 1):
         date = f"\nDate: {h.doc.date}" if getattr(h.doc, "date", "") else ""

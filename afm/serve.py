@@ -18,8 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from .core import check_range
-from .engine import (DTYPES, ENGINES, Engine, EngineBackend, Generation, Request, SamplingParams, TransformersEngine, build_engine,
-                        cut_at_stop, engine_options, reason, text_of)
+from .engine import Engine, Generation, Request, SamplingParams, TransformersEngine, reason
+from .engine_local import DTYPES, ENGINES, EngineBackend, build_engine, cut_at_stop, engine_options, text_of
 from .llm import TEMPERATURE, TOP_P, ChatBackend, describe_failure, retry_policy, retryable
 
 # %% auto #0
@@ -496,28 +496,32 @@ def _one(self: OpenAIEngine, r: Request) -> Generation:
     if self.token_ids: body.update(logprobs=1, return_token_ids=True)
     try:
         for attempt in retry_policy(self.retries, tenacity.wait_exponential(multiplier=self.backoff_s, max=8.0)):
-            with attempt: choice = self._post(body)
+            with attempt: ids, lps, end, retok = self._post(body)
     except Exception as e:
         why = describe_failure(e, self.timeout_s) + ("" if retryable(e) else " (not retried)")
         return Generation.failed(f"{self.url}: {why}")
-    ids, retok = choice.get("token_ids"), False
-    if ids is None: ids, retok = self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"], True
-    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    lps = [float(x or 0.0) for x in lps] if len(lps) == len(ids) and not retok else [0.0] * len(ids)
-    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    lps = lps if lps is not None and len(lps) == len(ids) and not retok else [0.0] * len(ids)
+    finish = "length" if end == "length" else "stop"
     if finish == "length" and len(r.ids) + len(ids) >= self.context: finish = "context"
-    return Generation(list(ids), lps, finish, None, len(r.ids), retok)
+    return Generation(ids, lps, finish, None, len(r.ids), retok)
 
 
 @patch
-def _post(self: OpenAIEngine, body: dict) -> dict:
-    "One attempt: the first choice of the answer; httpx's error for a failed status, ValueError for a body that is not one."
+def _post(self: OpenAIEngine, body: dict) -> tuple[list[int], list[float] | None, str | None, bool]:
+    """One attempt: the first choice's sampled ids (its text re-tokenised when it has none), their log-probabilities,
+    its finish reason and whether the ids were re-tokenised; httpx's error for a failed status, ValueError for a body
+    that is no completion (HTML, a text that is no string, ids that are no token ids): retried as a 5xx is."""
     resp = self._http.post(f"{self.url}/v1/completions", json=body)
     resp.raise_for_status()
     try:
         choice = resp.json()["choices"][0]
-        if not isinstance(choice.get("text", ""), str): raise TypeError("text is not a string")
-        return choice
+        text, ids, finish = choice.get("text", ""), choice.get("token_ids"), choice.get("finish_reason")
+        if not isinstance(text, str): raise TypeError("text is not a string")
+        if ids is None: return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), None, finish, True
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise TypeError("token_ids is not a list of integers")
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return ids, [float(x or 0.0) for x in lps], finish, False
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise ValueError(f"not a completion ({type(e).__name__}: {e}): {resp.text[:200]!r}") from None
 
@@ -536,23 +540,37 @@ def _serve_parser():
     return p
 
 
+def _listen(host: str, port: int):
+    """A socket listening on `host:port` (0: a free port) as soon as the server says where it is; with `SO_REUSEADDR`:
+    a server restarted on its port binds while the last one's connections linger (not beside one that listens)."""
+    import socket
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try: sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    return sock
+
+
 def cli_serve(argv: list[str] | None = None) -> int:
     "`afm serve model`: an OpenAI-compatible server over a model (chat completions, completions, models, health), on a CPU or a GPU."
-    import socket, sys
+    import math, sys
     from afm.core import load_profile
     a = _serve_parser().parse_args(argv)
     def refuse(why: str) -> int: print(f"afm serve model: {' '.join(why.split())}", file=sys.stderr); return 2
     if not 0 <= a.port <= 65535: return refuse(f"--port must be 0-65535, got {a.port}")
     if a.max_batch < 1: return refuse(f"--max-batch must be at least 1, got {a.max_batch}")
-    if not a.max_body_mb > 0: return refuse(f"--max-body-mb must be above 0, got {a.max_body_mb}")
+    if not 0 < a.max_body_mb < math.inf:
+        return refuse(f"--max-body-mb must be above 0 and finite, got {a.max_body_mb}")
     try:  # every option checked before the model loads
         prof = load_profile(a.profile)
         model = a.model or prof.get("model") or "tiny"
         opts = engine_options(a.engine or prof.get("engine", "hf"), a.device, a.dtype)
     except KeyError as e: return refuse(str(e.args[0]))
     except ValueError as e: return refuse(str(e))
-    sock = socket.socket()
-    try: sock.bind((a.host, a.port))
+    try: sock = _listen(a.host, a.port)
     except OSError as e: return refuse(f"cannot listen on {a.host}:{a.port} ({e.strerror})")
     vllm = {"max_num_seqs": a.max_batch} if opts["engine"] == "vllm" else {}
     try: engine = build_engine(model, **opts, max_batch=a.max_batch, **vllm)

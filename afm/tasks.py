@@ -21,9 +21,9 @@ from .core import read_rows
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TASK_KINDS', 'SPLITS', 'TEST_STYLES', 'BENCHMARKS', 'Task', 'is_text', 'check_task_fields', 'tasks_to_dataset',
-           'tasks_from_dataset', 'write_jsonl', 'read_jsonl', 'register_benchmark', 'benchmarks', 'load_benchmark',
-           'read_tasks', 'row_field', 'question_id', 'json_value']
+__all__ = ['log', 'TASK_KINDS', 'SPLITS', 'TEST_STYLES', 'BENCHMARKS', 'Task', 'is_text', 'check_task_fields', 'gold_answer',
+           'check_world', 'tasks_to_dataset', 'tasks_from_dataset', 'write_jsonl', 'read_jsonl', 'register_benchmark',
+           'benchmarks', 'load_benchmark', 'read_tasks', 'row_field', 'question_id', 'json_value']
 
 # %% ../nbs/03_tasks.ipynb #00b39550
 TASK_KINDS = ("qa", "web", "math", "code")   # grading dispatches on kind
@@ -113,6 +113,24 @@ def check_task_fields(d: dict, where: str) -> None:
         bad("gold_path", "must be a JSON-native list of dicts")
     if problem := _tests_problem(d.get("tests")): bad("tests", problem)
     if not isinstance(d.get("meta"), dict) or not _json_native(d["meta"]): bad("meta", "must be a JSON-native dict (string keys, lists not tuples)")
+
+# %% ../nbs/03_tasks.ipynb #6d7272ad
+def gold_answer(task: Task) -> str:
+    "The answer text a perfect solver writes: every listed answer joined by ` | ` when all are needed, else the first."
+    return " | ".join(task.answers) if task.meta.get("all_of") else task.answers[0]
+
+
+def check_world(tasks: Iterable[Task], world: str) -> None:
+    """A ValueError, in one line naming both worlds, when a task of a generated world (`meta["world"]`) is given the
+    tools of another `world` (a toolbox's `Toolbox.world`); tasks of no world, and tools of no world (`""`), pass."""
+    if not world: return
+    tasks = list(tasks)
+    if elsewhere := [t for t in tasks if (t.meta.get("world") or world) != world]:
+        theirs = elsewhere[0].meta["world"]
+        raise ValueError(f"{len(elsewhere)} of {len(tasks)} tasks are of another world than the toolbox's, where their "
+                         f"answers are on no page: task {elsewhere[0].id!r} is of the world ({theirs}), the toolbox "
+                         f"searches the world ({world}); build the toolbox with world_toolbox(sizes, {theirs}), "
+                         "or take tasks of its world")
 
 # %% ../nbs/03_tasks.ipynb #d89eb3f0
 _JSON_COLUMNS = ("gold_path", "tests", "meta")

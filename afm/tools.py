@@ -285,6 +285,7 @@ class Toolbox:
     registry: ToolRegistry = field(default_factory=lambda: TOOLS)
     online: bool = False  # may tools reach the network (web search, page fetches)?
     max_calls: int | None = None  # tool calls per trajectory, all tools together
+    world: str = ""  # the generated world its search holds (`afm.world.world_toolbox`): tasks of another are refused
 
     def __post_init__(self):
         # keyed by class name, so that a notebook's own definition of a config class and the library's are one config

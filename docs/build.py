@@ -55,7 +55,7 @@ LINK = re.compile(r"\]\((index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")
 
 
 def html_links(text: str, stem: str) -> str:
-    "Links between notebooks (`[x](09_sft.ipynb#rows)`) as links between the site's pages."
+    "Links between notebooks (`[x](09a_sft_data.ipynb#rows)`) as links between the site's pages."
     def page(m):
         target = m[1] if m[1] == "index" else f"chapters/{m[1]}"
         return f"]({'../' if stem != 'index' else ''}{target}.html{m[2] or ''})"

@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from afm.coa import Trajectory, check, counts
+from afm.coa import Trajectory, counts, grammar_problems
 from afm.distill import DISTILL_SUITES, read_runs
 from afm.grading import grade
 from afm.tasks import load_benchmark
@@ -72,7 +72,7 @@ def test_every_kept_trajectory_is_clean_correct_and_real(crashed):
     kinds = Counter()
     for row in ds:
         t = Trajectory.from_json(row["trajectory"])
-        assert check(t) == [] and counts(t)["interactions"] >= 5, (t.task_id, check(t))
+        assert grammar_problems(t) == [] and counts(t)["interactions"] >= 5, (t.task_id, grammar_problems(t))
         assert grade(tasks[t.task_id], t.answer) == 1.0
         for s in t.steps:
             if TOOLS.tags.is_tool(s.role): assert s.observation and "already" not in s.observation[:40]

@@ -161,12 +161,12 @@ def test_home_page(browser):
 
 def test_chapter_page(browser):
     "A chapter: its title, its code, and the API reference of its module from the docstrings."
-    page = load(browser, "chapters/09_sft.html")
-    assert page.js("document.querySelector('h1').textContent").startswith("Agentic SFT")
+    page = load(browser, "chapters/09a_sft_data.html")
+    assert page.js("document.querySelector('h1').textContent").startswith("SFT data")
     assert page.js("document.querySelectorAll('div.cell div.highlight').length") > 10
     api = page.js("[...document.querySelectorAll('dl.py dt.sig')].map(dt => dt.id)")
-    assert "afm.sft.sft_rows" in api, api[:10]
-    executed = (REPO / "reports" / "notebooks" / "09_sft.ipynb").exists()
+    assert "afm.sft_data.sft_rows" in api, api[:10]
+    executed = (REPO / "reports" / "notebooks" / "09a_sft_data.ipynb").exists()
     assert executed or "without outputs" in page.js("document.body.innerText"), "a chapter without outputs must say so"
     assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/08_rollout.html'))")
 

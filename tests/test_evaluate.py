@@ -39,15 +39,23 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
     killed, whole = tmp_path / "killed.jsonl", tmp_path / "whole.jsonl"
     proc = subprocess.Popen([AFM, *eval_args(tiny_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
+    lock = killed.with_name("killed.jsonl.lock")  # the first writer's, naming it, once it holds the file
+    while time.time() < deadline and proc.poll() is None and not (lock.is_file() and lock.read_text()):
+        time.sleep(0.01)
+    second = afm(*eval_args(tiny_folder, killed))  # a second writer of the same file, while the first one writes
+    said = second.stderr[-1000:]
+    assert second.returncode == 1 and f"is being written by process {proc.pid} on " in second.stderr, said
+    assert second.stderr.strip().splitlines()[-1].startswith("afm eval: RecordsBusy: ") and proc.poll() is None
     while time.time() < deadline and proc.poll() is None:
         if killed.is_file() and len(killed.read_bytes().splitlines()) >= 4: break
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL); proc.wait()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed: give it more work"
     written = len(killed.read_text().splitlines())
     assert 4 <= written < 80, written
     with open(killed, "a") as f: f.write('{"task_id": "world-atomic/')  # a write the kill cut short
-    r = afm(*eval_args(tiny_folder, killed))
+    r = afm(*eval_args(tiny_folder, killed))  # the killed writer's lock went with it
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| world-atomic | 20 | 80 |" in r.stdout and "80 records in" in r.stdout
     r = afm(*eval_args(tiny_folder, whole))
@@ -69,6 +77,139 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
         and f"{whole}:3: a damaged record" in r.stderr, r.stderr[-1000:]
     r = afm(*eval_args(tiny_folder, killed)[:-2], "--max-new-tokens", "41", "--out", str(killed))
     assert r.returncode == 1 and "made otherwise (rollout differ)" in r.stderr, r.stderr[-1000:]
+
+
+def read(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def untimed(recs):
+    "Records by (task, sample) without their wall times: all that two runs of the same episodes share."
+    def one(r):
+        t = r["trajectory"] and {**r["trajectory"], "accounting": {**r["trajectory"]["accounting"], "seconds": None}}
+        return {**{k: v for k, v in r.items() if k != "seconds"}, "trajectory": t}
+    return {(r["task_id"], r["sample"]): one(r) for r in recs}
+
+
+@pytest.fixture(scope="module")
+def served_tiny():
+    """The tool-calling tiny model over real HTTP on localhost, one request at a time (so an episode is the same however
+    the requests interleave): its URL, tokenizer and context."""
+    from afm.engine import TransformersEngine
+    from afm.engine_local import EngineBackend
+    from afm.fit import tool_calling_tiny
+    from afm.llm import serve_in_thread
+    from afm.serve import BatchingEngine, serve_chat
+    model, tok = tool_calling_tiny()
+    engine = TransformersEngine(model, tok, max_batch=1)
+    server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(engine))))
+    yield url, tok, engine.context
+    server.should_exit = True
+
+
+def stub(backend: str, answer):
+    "A real HTTP server on localhost before `backend`: completion request n gets `answer(n)`, or `backend`'s answer."
+    import httpx
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from afm.llm import serve_in_thread
+    app, seen = FastAPI(), []
+
+    @app.get("/v1/models")
+    def models(): return httpx.get(f"{backend}/v1/models").json()
+
+    @app.post("/v1/completions")
+    def completions(body: dict):
+        seen.append(body)
+        if (mine := answer(len(seen))) is not None: return mine
+        theirs = httpx.post(f"{backend}/v1/completions", json=body, timeout=120)
+        return JSONResponse(theirs.json(), theirs.status_code)
+    return serve_in_thread(app)
+
+
+def failure(kind):
+    from fastapi.responses import HTMLResponse, JSONResponse
+    if kind == "500": return JSONResponse({"error": {"message": "stub: the GPU node is down"}}, 500)
+    if kind == "html": return HTMLResponse("<html><body>502 Bad Gateway</body></html>")  # a proxy's page, status 200
+    return JSONResponse({"choices": [{"text": 7, "finish_reason": "stop"}]})  # a text that is no string
+
+
+@pytest.mark.parametrize("kind, says", [("500", "HTTP 500: stub: the GPU node is down"), ("html", "not a completion"),
+                                        ("text", "text is not a string")])
+def test_a_failing_endpoint_leaves_its_pairs_to_the_rerun(served_tiny, tmp_path, kind, says):
+    """`records` through an endpoint that fails after three requests (HTTP 500, a page of HTML, a text that is no
+    string): the episodes it failed are not written, `MissingRecords` says how many and why once the others are
+    saved, and the rerun against the mended endpoint ends with exactly the records of an uninterrupted run."""
+    from afm.evaluate import MissingRecords, eval_key, read_records, records, suite_tasks
+    from afm.fit import TINY_SYSTEM
+    from afm.rollout import rollout_config
+    from afm.serve import OpenAIEngine
+    from afm.world import tool_sizes, world_toolbox
+    url, tok, context = served_tiny
+    tasks, box = suite_tasks(3, "val", ["world-atomic"]), world_toolbox(tool_sizes("tiny"))
+    cfg = rollout_config("tiny", temperature=1.0, top_p=1.0, seed=0, system=TINY_SYSTEM, max_new_tokens=60,
+                         max_tokens_per_turn=40)
+    key = eval_key({"model": "tiny", "weights": None}, tasks, cfg, 2)
+    broken = [True]
+    server, stub_url = stub(url, lambda n: failure(kind) if broken[0] and n > 3 else None)
+    engine = lambda: OpenAIEngine(stub_url, "tiny", tok, context=context, backoff_s=0.01)
+    try:
+        with pytest.raises(MissingRecords) as e: records(tmp_path / "r.jsonl", engine, tasks, box, cfg, 2, key, batch=2)
+        saved = read_records(tmp_path / "r.jsonl")
+        assert 0 < len(saved) < 6 and e.value.missing == 6 - len(saved)
+        assert all(r["end"] != "engine_error" for r in saved)
+        assert f"of 6 pairs are missing: the engine failed on them ({stub_url}: " in str(e.value)
+        assert says in str(e.value)
+        broken[0] = False
+        resumed = records(tmp_path / "r.jsonl", engine, tasks, box, cfg, 2, key, batch=2)
+        whole = records(tmp_path / "whole.jsonl", engine, tasks, box, cfg, 2, key, batch=2)
+    finally:
+        server.should_exit = True
+    assert untimed(read_records(tmp_path / "r.jsonl")) == untimed(resumed) == untimed(whole) and len(whole) == 6
+
+
+def serve_model(folder, port: int = 0):
+    "`afm serve model` of `folder` on `port`, one request at a time: the process and the URL it prints."
+    proc = subprocess.Popen([AFM, "serve", "model", "--model", str(folder), "--port", str(port), "--max-batch", "1"],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, line.split(" at ")[1].strip()
+
+
+def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tiny_folder, tmp_path):
+    """`afm eval --endpoint` while its `afm serve model` is killed: exit 1 naming how many pairs are missing, none
+    of them written; the server restarted on its port at once, the same command ends with the uninterrupted records."""
+    server, url = serve_model(tiny_folder)
+    args = lambda out: ["eval", "--model", str(tiny_folder), "--endpoint", url, "--suite", "world-atomic",
+                        "--split", "val", "--per-suite", "5", "--samples", "2", "--max-new-tokens", "40",
+                        "--batch", "2", "--system", "Search, then answer.", "--out", str(out)]
+    cut, whole = tmp_path / "cut.jsonl", tmp_path / "whole.jsonl"
+    run = subprocess.Popen([AFM, *args(cut)], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and run.poll() is None and not (cut.is_file() and len(read(cut)) >= 2):
+            time.sleep(0.01)
+    finally:
+        server.kill()
+        server.wait()
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1, ("the run ended before its server was killed: give it more work", err[-1000:])
+    last, saved = err.strip().splitlines()[-1], read(cut)
+    assert last.startswith("afm eval: MissingRecords: ") and f"{10 - len(saved)} of 10 pairs are missing" in last, last
+    assert 2 <= len(saved) < 10 and all(r["end"] != "engine_error" for r in saved)
+    server, again = serve_model(tiny_folder, int(url.rsplit(":", 1)[1].split("/")[0]))  # its port, at once
+    try:
+        assert again == url
+        r = afm(*args(cut))
+        assert r.returncode == 0 and "10 records in" in r.stdout, r.stderr[-2000:]
+        r = afm(*args(whole))
+        assert r.returncode == 0 and "10/10" in r.stderr, r.stderr[-2000:]  # its progress bar
+    finally:
+        server.kill()
+        server.wait()
+    assert untimed(read(cut)) == untimed(read(whole))
 
 
 @pytest.mark.parametrize("extra, says", [

@@ -15,7 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
-from afm.engine import EngineBackend, TransformersEngine
+from afm.engine import TransformersEngine
+from afm.engine_local import EngineBackend
 from afm.serve import serve_chat
 from afm.mas import ROLE_PROMPTS
 from afm.models import tiny_chat_model
@@ -272,7 +273,7 @@ class ProtocolLLM:
 
 
 def test_llm_teacher_reaches_a_correct_answer_over_http():
-    from afm.coa import check
+    from afm.coa import grammar_problems
     from afm.distill import FilterConfig, filter_trajectories, linearize
     from afm.grading import grade
     from afm.mas import LLMBrain, MultiAgentSystem
@@ -292,7 +293,7 @@ def test_llm_teacher_reaches_a_correct_answer_over_http():
             assert run.status == "answered", (run.status, run.reason)
             assert grade(task, run.answer) == 1.0, (task.answers, run.answer)
             traj = linearize(run, task)
-            assert check(traj) == [] and [s.role for s in traj.steps if s.role in ("web_search", "crawl_page")] == ["web_search", "crawl_page"]
+            assert grammar_problems(traj) == [] and [s.role for s in traj.steps if s.role in ("web_search", "crawl_page")] == ["web_search", "crawl_page"]
             assert traj.accounting.prompt_tokens > 0 and traj.accounting.tool_calls == 2
             kept, _ = filter_trajectories([(traj, task)], FilterConfig(keep_without_reflection=0.0))
             assert len(kept) == 1, "a correct, reflected, grammatical trajectory passes the distillation filter"

@@ -79,7 +79,8 @@ def web_copy(**kwargs):
 
 def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, judge_folder, tmp_path, monkeypatch, capsys):
     from afm.core import load_profile
-    from afm.evaluate import cli_eval, eval_config
+    from afm.evaluate import eval_config
+    from afm.evaluate_cli import cli_eval
     from afm.grading import JUDGE_PROMPT, JUDGE_RETRY, JUDGE_SYSTEM, answer_text, judge_gold
     from afm.models import load_tokenizer
     from afm.tasks import register_benchmark
@@ -181,7 +182,7 @@ def search_r1_tiny(folder: Path, steps: int = 300):
 def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_path):
     """`afm eval --profile paper-eval-searchr1-7b --endpoint`: the served model gets the checkpoints' prompt alone in the user
     turn, stops at `</search>`, and each search comes back to it as the retriever's passages in an `<information>` block."""
-    from afm.evaluate import cli_eval
+    from afm.evaluate_cli import cli_eval
     from afm.models import chat_prompt_ids, decode, load_tokenizer
     from afm.rollout import SEARCH_R1_PROMPT
     from afm.tasks import load_benchmark

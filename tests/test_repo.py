@@ -100,9 +100,9 @@ def test_every_pipeline_chapter_takes_its_parameters():
         assert "profile = " in source and "reports_dir = None" in source, f"{path.name}: its parameters cell must declare profile and reports_dir"
 
 
-@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09_sft", "sft_", ("sft_demo_steps",)),
-                                                                ("10_rl", "rl_", ("rl_demo_steps", "rl_sft_from")),
-                                                                ("11_results", "results_", ("results_efficiency_per_suite",))])
+@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09c_sft_recipe", "sft_", ("sft_demo_steps",)),
+                                                                ("10a_rl", "rl_", ("rl_demo_steps", "rl_sft_from")),
+                                                                ("11_results", "results_", ("results_efficiency_per_suite", "results_suites"))])
 def test_every_profile_sets_the_chapter_schedule(notebook, prefix, same_everywhere):
     "The SFT and RL chapters' parameters default to CI sizes (2 steps, one val question): a profile that left one out would run on it."
     import ast
@@ -175,12 +175,21 @@ def test_every_paper_number_names_a_real_field():
     assert all(s["field"] in configs[s["config"]] and s["section"] in ("4", "5", "6") for s in PAPER["settings"])
 
 
+def _block(markers: tuple[str, str]) -> str:
+    readme, (start, end) = (REPO / "README.md").read_text(), markers
+    assert readme.count(start) == 1 and readme.count(end) == 1, f"README.md needs one block between {start} and {end}"
+    return readme.split(start)[1].split(end)[0]
+
+
 def test_readme_results_table_is_generated_from_metrics():
     "The README's results block is `results_table` of the committed reports/metrics.json: a hand edit or a stale table fails."
-    from afm.reproduce import RESULTS_MARKERS, results_table
-    readme = (REPO / "README.md").read_text()
-    start, end = RESULTS_MARKERS
-    assert readme.count(start) == 1 and readme.count(end) == 1, "README.md needs one results block between the markers"
-    block = readme.split(start)[1].split(end)[0]
-    assert block == "\n" + results_table(json.loads((REPO / "reports" / "metrics.json").read_text())), \
-        "README.md's results table differs from reports/metrics.json: regenerate it with afm.reproduce.update_readme"
+    from afm.card import RESULTS_MARKERS, results_table
+    assert _block(RESULTS_MARKERS) == "\n" + results_table(json.loads((REPO / "reports" / "metrics.json").read_text())), \
+        "README.md's results table differs from reports/metrics.json: regenerate it with afm.card.update_readme"
+
+
+def test_readme_measured_notes_are_generated_from_the_records():
+    "The README's notes on what each profile measured are `measured_notes` of the committed records: a hand edit fails."
+    from afm.card import NOTES_MARKERS, measured_notes, profile_records
+    assert _block(NOTES_MARKERS) == "\n" + measured_notes(profile_records(REPO)), \
+        "README.md's measured notes differ from reports/: regenerate them with afm.card.update_block(README, NOTES_MARKERS, ...)"

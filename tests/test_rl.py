@@ -58,9 +58,9 @@ def _weights(folder):
 
 
 def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
-    from afm.rl import read_health
-    steps = ["--max_steps", "4"]
     from afm.rl import cli_rl
+    from afm.rl_health import read_health
+    steps = ["--max_steps", "4"]
     assert cli_rl(_cmd(setup, setup / "whole", *steps)[2:]) == 0  # the same settings, uninterrupted, in this process
     out = setup / "killed"
     proc = subprocess.Popen(_cmd(setup, out, *steps), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
@@ -89,7 +89,8 @@ def test_a_run_cut_short_or_extended_from_its_checkpoints(setup):
     """max_steps may change between resumes (the learning rate is constant after warm-up): a shorter run ends on its
     checkpoint without taking another step, a longer one goes on from the newest checkpoint."""
     import shutil
-    from afm.rl import cli_rl, read_health
+    from afm.rl import cli_rl
+    from afm.rl_health import read_health
     whole = setup / "whole"  # 4 steps, checkpoints at 2 and 4
     if not (whole / "rl.json").is_file(): assert cli_rl(_cmd(setup, whole, "--max_steps", "4")[2:]) == 0
     cut, longer = setup / "cut", setup / "longer"
@@ -123,7 +124,8 @@ def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
     from afm.fit import TINY_SYSTEM
     from afm.llm import serve_in_thread
     from afm.models import load
-    from afm.rl import GuardStop, RLArgs, read_health, rl_tasks, train_rl
+    from afm.rl import RLArgs, rl_tasks, train_rl
+    from afm.rl_health import GuardStop, read_health
     from afm.rollout import RolloutConfig
     from afm.search import SearchConfig, SerperSearch, default_index
     from afm.tools import Toolbox
@@ -156,7 +158,8 @@ def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--num_generations", "1"], "num_generations"), (["--groups_per_step", "3", "--micro_batch", "5"], "rl_micro_batch"),
     (["--suites", "no-such-suite"], "no-such-suite"), (["--report_to", "nowhere"], "report_to"),
-    (["--format_weight", "0.5"], "format_weight"), (["--vllm", "true"], "rl_vllm")])
+    (["--format_weight", "0.5"], "format_weight"), (["--vllm", "true"], "rl_vllm"),
+    (["--tasks_per_suite", "0"], "rl_tasks_per_suite (--tasks_per_suite) = 0"), (["--suites", ","], "is empty")])
 def test_bad_settings_are_one_clear_line(setup, tmp_path, capsys, args, says):
     from afm.rl import cli_rl
     argv = _cmd(setup, tmp_path / "bad", "--max_steps", "1", *args)[2:]  # what follows `afm rl`, run in this process
@@ -164,3 +167,22 @@ def test_bad_settings_are_one_clear_line(setup, tmp_path, capsys, args, says):
     lines = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "it/s" not in l]  # progress bars aside
     assert len(lines) == 1 and lines[0].startswith("afm rl:") and says in lines[0], lines
     assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("line, says", [
+    ("rl_suites = world-atomic", 'is a string, not a list of suites: write rl_suites = ["world-atomic"]'),
+    ("rl_suites = []", "rl_suites (--suites) is empty"), ("rl_tasks_per_suite = 0", "(--tasks_per_suite) = 0")])
+def test_a_profile_without_rl_tasks_is_refused_before_anything_loads(setup, tmp_path, capsys, line, says):
+    """`rl_suites = world-atomic` once trained on the suites 'w', 'o', ... and `rl_suites = []` started training and
+    failed on a missing health.csv; `rl_tasks_per_suite = 0` took the default. Each is one line now, before the model
+    (here a folder that does not exist) is looked at."""
+    from afm.rl import cli_rl
+    key = line.split(" = ")[0]
+    profile = "\n".join(l for l in PROFILE.splitlines() if not l.startswith(f"{key} =")) + f"\n{line}\n"
+    (tmp_path / "settings.ini").write_text(profile)
+    argv = ["--profile", "quick", "--settings", str(tmp_path / "settings.ini"), "--model", str(tmp_path / "no model"),
+            "--out", str(tmp_path / "run")]
+    assert cli_rl(argv) == 1
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("afm rl: ValueError:") and says in lines[0], lines
+    assert not (tmp_path / "run").exists()

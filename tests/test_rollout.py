@@ -124,7 +124,7 @@ def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
 
 def test_a_released_checkpoint_is_prompted_in_its_own_layout(setup):
     "`prompt_layout=user`: no system turn; the instructions open the user turn, or a released RL row's own prompt is used as it is."
-    from afm.benchmarks import afm_rl_task
+    from afm.benchmarks_paper import afm_rl_task
     from afm.models import chat_prompt_ids
     model, tok, engine, cfg, tasks = setup
     roles = lambda ids: [part.split("\n", 1)[0].strip() for part in tok.decode(ids, skip_special_tokens=False).split("<|im_start|>")[1:]]

@@ -1,4 +1,5 @@
-"""Adversarial and ordinary tests of afm.sandbox.run_python, under bwrap and in the rlimits fallback.
+"""Adversarial and ordinary tests of the code sandbox (afm.sandbox, afm.sandbox_run.run_python) and of its warm pool
+(afm.pool.run_warm), under bwrap and in the rlimits fallback.
 
 Tests taking the ``mode`` fixture run four times: under bwrap and in the rlimits fallback,
 each through the warm pool (run() fills it first and checks that the run used it) and cold
@@ -30,13 +31,17 @@ from pathlib import Path
 
 import pytest
 
-import afm.pool  # noqa: F401  (the warm pool: runs are served by pre-started sandboxes)
+import afm.pool as pool
+import afm.pool_tool as pool_tool
 import afm.sandbox as sandbox
-from afm.sandbox import ExecResult, code_blocks, run_python
+import afm.sandbox_run as sandbox_run
+from afm.pool import run_warm
+from afm.pool_tool import code_blocks
+from afm.sandbox_run import ExecResult, run_python
 
 MARGIN_S = 3.0  # a run must end within its timeout plus this
 HOST_FILE = Path(__file__).resolve().parents[1] / "README.md"  # the repository, which the sandbox must not see
-BWRAP_USABLE = sandbox.sandbox_info()["isolation"] == "bwrap"
+BWRAP_USABLE = sandbox_run.sandbox_info()["isolation"] == "bwrap"
 needs_bwrap = pytest.mark.skipif(not BWRAP_USABLE, reason="bubblewrap is not usable here")
 pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX DEGRADED")
 
@@ -46,7 +51,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:SANDBOX DEGRADED")
 
 def pool_held() -> tuple[set[int], set[str]]:
     """uids and workdirs of the sandboxes this process's warm pool holds now."""
-    boxes = sandbox.pool_status()["sandboxes"]
+    boxes = pool.pool_status()["sandboxes"]
     return {box["uid"] for box in boxes}, {box["workdir"] for box in boxes}
 
 
@@ -99,10 +104,10 @@ def all_sandbox_processes() -> list[tuple[int, int, str]]:
 
 
 def run(code: str, **kwargs) -> ExecResult:
-    """run_python after filling the pool for it, asserting that it used the pool if on, ended in time, left nothing."""
-    warm = sandbox.warm_up(kwargs.get("timeout_s", 5.0), kwargs.get("memory_mb", 1024)) > 0
+    """run_warm after filling the pool for it, asserting that it used the pool if on, ended in time, left nothing."""
+    warm = pool.warm_up(kwargs.get("timeout_s", 5.0), kwargs.get("memory_mb", 1024)) > 0
     start = time.monotonic()
-    result = run_python(code, **kwargs)
+    result = run_warm(code, **kwargs)
     elapsed = time.monotonic() - start
     assert elapsed < kwargs.get("timeout_s", 5.0) + MARGIN_S, result
     assert result.wall_s <= elapsed
@@ -125,8 +130,8 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     if isolation == "bwrap" and not BWRAP_USABLE:
         pytest.skip("bubblewrap is not usable here")
     monkeypatch.setenv("AFM_SANDBOX", isolation)
-    monkeypatch.setenv("AFM_SANDBOX_POOL", str(sandbox.POOL_SIZE) if start == "warm" else "0")
-    sandbox.warm_up()
+    monkeypatch.setenv("AFM_SANDBOX_POOL", str(pool.POOL_SIZE) if start == "warm" else "0")
+    pool.warm_up()
     return isolation
 
 
@@ -556,7 +561,7 @@ def test_truncation_keeps_head_and_tail(mode: str) -> None:
 def test_concurrent_runs_get_their_own_uid(mode: str) -> None:
     code = "import os, time\ntime.sleep(0.5)\nprint(os.getuid())"
     results: list[ExecResult] = []
-    threads = [threading.Thread(target=lambda: results.append(run_python(code))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: results.append(run_warm(code))) for _ in range(2)]
     start = time.monotonic()
     for thread in threads:
         thread.start()
@@ -621,7 +626,7 @@ def cpu_ticks(pid: int) -> int:
 
 
 def test_idle_pool_sandbox_uses_no_cpu(isolation: str) -> None:
-    assert sandbox.warm_up(timeout_s=1) == sandbox.POOL_SIZE  # RLIMIT_CPU of 2 s, fixed at launch
+    assert pool.warm_up(timeout_s=1) == pool.POOL_SIZE  # RLIMIT_CPU of 2 s, fixed at launch
     held = pool_held()[0]
     waiting = [(pid, name) for pid, uid, name in all_sandbox_processes() if uid in held]
     assert {name for _, name in waiting} <= {"bwrap", "python3"}
@@ -640,10 +645,10 @@ def test_consecutive_runs_get_fresh_sandboxes(mode: str) -> None:
 
 def test_live_sandboxes_never_share_a_uid(mode: str) -> None:
     results: list[ExecResult] = []
-    thread = threading.Thread(target=lambda: results.append(run_python("import time\ntime.sleep(0.4)")))
+    thread = threading.Thread(target=lambda: results.append(run_warm("import time\ntime.sleep(0.4)")))
     thread.start()
     time.sleep(0.2)
-    held = [box["uid"] for box in sandbox.pool_status()["sandboxes"]]
+    held = [box["uid"] for box in pool.pool_status()["sandboxes"]]
     running = {uid for _, uid, _ in sandbox_processes()}
     thread.join()
     assert results[0].status == "ok"
@@ -660,7 +665,7 @@ def test_concurrent_runs(mode: str) -> None:
         """Five runs, one after the other."""
         for i in range(5):
             start = time.monotonic()
-            result = run_python(code, stdin=f"{n}.{i}")
+            result = run_warm(code, stdin=f"{n}.{i}")
             calls.append((start, time.monotonic(), f"{n}.{i}", result))
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
@@ -679,47 +684,83 @@ def test_concurrent_runs(mode: str) -> None:
 
 
 def test_pool_disabled_by_env(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    assert pool.warm_up() == pool.POOL_SIZE
     monkeypatch.setenv("AFM_SANDBOX_POOL", "0")
     assert run("print(1)").stdout == "1\n"  # run() checks that it ran cold
-    assert sandbox.pool_status() == {"size": 0, "sandboxes": []}
+    assert pool.pool_status() == {"size": 0, "sandboxes": []}
     monkeypatch.setenv("AFM_SANDBOX_POOL", "many")
     with pytest.raises(ValueError, match="AFM_SANDBOX_POOL"):
-        run_python("print(1)")
+        run_warm("print(1)")
 
 
 @needs_bwrap
 def test_sandbox_of_another_kind_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AFM_SANDBOX_POOL", raising=False)
     monkeypatch.setenv("AFM_SANDBOX", "bwrap")
-    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    assert pool.warm_up() == pool.POOL_SIZE
     monkeypatch.setenv("AFM_SANDBOX", "rlimits")
-    switched = run_python("import os\nprint(os.path.exists('/sandbox'))")
+    switched = run_warm("import os\nprint(os.path.exists('/sandbox'))")
     assert (switched.isolation, switched.warm, switched.stdout) == ("rlimits", False, "False\n")
     code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU), resource.getrlimit(resource.RLIMIT_AS))"
-    assert sandbox.warm_up(timeout_s=2, memory_mb=300) == sandbox.POOL_SIZE
-    other_limits = run_python(code)
+    assert pool.warm_up(timeout_s=2, memory_mb=300) == pool.POOL_SIZE
+    other_limits = run_warm(code)
     assert (other_limits.warm, other_limits.stdout) == (False, "(6, 7) (1073741824, 1073741824)\n")
     result = run(code, timeout_s=2, memory_mb=300)
     assert result.stdout == f"(3, 4) ({300 << 20}, {300 << 20})\n"
 
 
 def test_killed_pool_sandbox_is_replaced(isolation: str) -> None:
-    assert sandbox.warm_up() == sandbox.POOL_SIZE
+    assert pool.warm_up() == pool.POOL_SIZE
     held = pool_held()[0]
     for pid, uid, name in all_sandbox_processes():
         if uid in held and name == "python3":
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
-    result = run_python("print('cold')")
+    result = run_warm("print('cold')")
     assert (result.status, result.stdout, result.warm) == ("ok", "cold\n", False)
     assert run("print('warm')").stdout == "warm\n"  # run() checks that the refilled pool ran it
 
 
 def test_source_declaring_another_encoding_runs_as_written(isolation: str) -> None:
-    assert sandbox.warm_up() == sandbox.POOL_SIZE
-    result = run_python("# -*- coding: latin-1 -*-\nprint(len('é'))")  # the text is UTF-8: the cookie must not garble it
+    assert pool.warm_up() == pool.POOL_SIZE
+    result = run_warm("# -*- coding: latin-1 -*-\nprint(len('é'))")  # the text is UTF-8: the cookie must not garble it
     assert (result.status, result.stdout) == ("ok", "1\n")
+    assert sandbox_processes() == []
+
+
+def test_run_python_is_cold_whatever_was_imported(isolation: str) -> None:
+    """The pool is the caller's choice. Importing afm.pool (this module does) or afm.grading (which used to import the
+    pool only for its side effect) once made every run_python of the process use the pool; now run_python starts its
+    own sandbox while the pool is full, and only a caller that passes the pool (run_warm) gets one of its sandboxes."""
+    import afm.grading  # noqa: F401  (imported for what it might do to run_python)
+    assert pool.warm_up() == pool.POOL_SIZE
+    held = pool_held()[0]
+    plain = run_python("import os\nprint(os.getuid())")
+    assert (plain.status, plain.warm) == ("ok", False)
+    assert pool_held()[0] == held  # no sandbox of the pool was taken
+    given = run_python("print('given')", pool=pool.use_pool())
+    assert (given.stdout, given.warm) == ("given\n", True)
+    assert run("print('warm')").stdout == "warm\n"  # run() checks that run_warm was served by the pool
+    assert sandbox_processes() == []
+
+
+def test_code_tool_runs_in_the_warm_pool(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `code` tool's default runner is run_warm: a toolbox that does not choose (the teacher's, a rollout's) gets
+    the pool."""
+    from afm.tools import Toolbox
+    served: list[bool] = []
+
+    def watched(*args, **kwargs) -> ExecResult:
+        result = pool.run_warm(*args, **kwargs)
+        served.append(result.warm)
+        return result
+
+    monkeypatch.setattr(pool_tool, "run_warm", watched)
+    assert pool.warm_up() == pool.POOL_SIZE
+    call = Toolbox().session("q").call("code", "```python\nprint(6 * 7)\n```")
+    assert call.status == "ok" and "42" in call.observation and served == [True]
+    cold = Toolbox([pool_tool.CodeConfig(runner=run_python)]).session("q").call("code", "```python\nprint(1)\n```")
+    assert cold.status == "ok" and served == [True]  # a toolbox that chose run_python runs cold, past the pool
     assert sandbox_processes() == []
 
 
@@ -739,18 +780,17 @@ def leftovers() -> None:
 
 
 atexit.register(leftovers)
-import afm.pool
-import afm.sandbox as sandbox
+import afm.pool as pool
 
-assert sandbox.warm_up() == 2
+assert pool.warm_up() == 2
 child = os.fork()
 if child == 0:  # gets a new pool of its own, and holds what it inherited for a second
-    result = sandbox.run_python("print('child')")
+    result = pool.run_warm("print('child')")
     print(json.dumps({"child": [result.stdout, result.warm]}), flush=True)
     time.sleep(1)
     sys.exit(0)
 start = time.monotonic()
-result = sandbox.run_python("print('parent')")
+result = pool.run_warm("print('parent')")
 print(json.dumps({"parent": [result.stdout, result.warm, result.status, time.monotonic() - start]}), flush=True)
 os.waitpid(child, 0)
 """
@@ -812,7 +852,7 @@ def test_observation_of_real_failures(mode: str) -> None:
 
 def test_observation_is_clipped_keeping_structure() -> None:
     text = make("error", "o" * 30_000 + "END", "e" * 500 + "LAST", "Code exited with status 1").observation()
-    assert 1400 <= len(text) <= sandbox.OBSERVATION_CHARS + 10
+    assert 1400 <= len(text) <= sandbox_run.OBSERVATION_CHARS + 10
     for marker in ("[STDOUT:BEGIN]", "[STDOUT:END]", "[STDERR:BEGIN]", "[STDERR:END]"):
         assert marker in text
     assert "END\n[STDOUT:END]" in text and "e" * 500 + "LAST" in text
@@ -913,14 +953,14 @@ def test_exec_result_rejects_unknown_status() -> None:
 @needs_bwrap
 def test_sandbox_info(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AFM_SANDBOX", raising=False)
-    info = sandbox.sandbox_info()
+    info = sandbox_run.sandbox_info()
     assert info["isolation"] == "bwrap" and "namespaces" in info["reason"]
     monkeypatch.setenv("AFM_SANDBOX", "rlimits")
-    assert sandbox.sandbox_info()["isolation"] == "rlimits"
+    assert sandbox_run.sandbox_info()["isolation"] == "rlimits"
 
 
 def test_fallback_warns_once(rlimits: None, caplog: pytest.LogCaptureFixture) -> None:
-    sandbox._warn_fallback.cache_clear()
+    sandbox_run._warn_fallback.cache_clear()
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="sandbox"):
         warnings.simplefilter("always")
         for _ in range(2):
@@ -935,7 +975,7 @@ def test_missing_bwrap_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AFM_SANDBOX", raising=False)
     sandbox._bwrap_check.cache_clear()
     try:
-        info = sandbox.sandbox_info()
+        info = sandbox_run.sandbox_info()
         assert (info["isolation"], info["reason"]) == ("rlimits", "bubblewrap (bwrap) is not installed")
         with pytest.warns(RuntimeWarning, match="not installed"):
             assert run("print(1)").isolation == "rlimits"
@@ -949,4 +989,4 @@ def test_missing_bwrap_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(not os.environ.get("CI"), reason="CI installs bubblewrap through the Makefile")
 def test_ci_runs_the_real_sandbox() -> None:
     """In CI the adversarial tests above must have run under bubblewrap, not been skipped."""
-    assert BWRAP_USABLE, sandbox.sandbox_info()
+    assert BWRAP_USABLE, sandbox_run.sandbox_info()

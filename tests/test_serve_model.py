@@ -57,6 +57,25 @@ def test_serves_a_model_folder_over_http(tiny_folder):
         proc.terminate(); proc.wait(10)
 
 
+def test_restarted_on_its_port_it_binds_at_once(tiny_folder):
+    "Stopped with a client's connection open (it closes first, so it lingers in TIME_WAIT), it restarts on its port."
+    port, url = 0, None
+    for _ in range(2):
+        proc = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--port", str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        client = httpx.Client()
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
+            url = line.split(" at ")[1].strip().removesuffix("/v1")
+            port = int(url.rsplit(":", 1)[1])
+            assert client.get(f"{url}/health").json()["status"] == "ok"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            client.close()
+
+
 def test_serves_bfloat16_on_the_chosen_device_to_the_openai_client(tiny_folder):
     "`--dtype bfloat16 --device cpu` as a GPU user writes `--device cuda`: the line says what runs, the official client gets answers."
     openai = pytest.importorskip("openai")  # the `dev` extra
@@ -83,6 +102,7 @@ QWEN_HERE = os.environ.get("AFM_DOWNLOAD") == "1" or isinstance(try_to_load_from
     (["--model", "/nonexistent/folder"], "model folder /nonexistent/folder does not exist"),
     (["--model", "tiny", "--port", "99999"], "--port must be 0-65535"),
     (["--model", "tiny", "--max-body-mb", "0"], "--max-body-mb must be above 0"),
+    (["--model", "tiny", "--max-body-mb", "inf"], "--max-body-mb must be above 0 and finite, got inf"),
     (["--model", "tiny", "--engine", "tgi"], "engine 'tgi' is not one of hf, vllm"),
     (["--model", "tiny", "--dtype", "fp8"], "dtype 'fp8' is not one of auto, float32, bfloat16, float16"),
     (["--model", "tiny", "--device", "cuda:9"], "device 'cuda:9'"),
@@ -114,7 +134,8 @@ def test_a_corrupt_folder_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def client():
     openai = pytest.importorskip("openai")  # the `dev` extra
-    from afm.engine import EngineBackend, TransformersEngine
+    from afm.engine import TransformersEngine
+    from afm.engine_local import EngineBackend
     from afm.llm import serve_in_thread
     from afm.models import tiny_chat_model
     from afm.serve import BatchingEngine, serve_chat

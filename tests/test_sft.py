@@ -82,11 +82,11 @@ def ddp_run(setup):
 
 def test_two_processes_end_with_the_same_weights(setup, ddp_run):
     from afm.models import load
-    from afm.sft import _digest
+    from afm.training import weight_digest
     done = json.loads((ddp_run / "sft.json").read_text())
     ranks = [(ddp_run / f"rank{i}.sha256").read_text() for i in range(2)]
     assert done["world_size"] == 2 and done["steps"] == 4 and ranks[0] == ranks[1]
-    assert ranks[0] != _digest(load(str(setup / "model"))[0]) == _digest(load(str(setup / "model"))[0])  # trained, deterministic digest
+    assert ranks[0] != weight_digest(load(str(setup / "model"))[0]) == weight_digest(load(str(setup / "model"))[0])  # trained, deterministic digest
 
 
 def test_fsdp2_on_two_cpu_processes(setup, ddp_run):
@@ -154,7 +154,8 @@ def test_other_data_in_the_same_folder_is_refused_not_reported_finished(setup, t
 
 def test_a_resume_checks_the_data_too(setup, tmp_path):
     import shutil
-    from afm.sft import sft_rows, train_sft
+    from afm.sft import train_sft
+    from afm.sft_data import sft_rows
     rows = [r for _, r in sft_rows(setup / "rows.jsonl")]
     out = tmp_path / "run"
     train_sft(rows, out, _args(setup), progress=False)
@@ -216,7 +217,8 @@ def test_a_huge_row_is_skipped_by_its_characters_before_tokenising(setup, tmp_pa
 
 
 def test_the_recipe_runs_stages_each_checking_its_own_identity(setup, tmp_path):
-    from afm.sft import sft_recipe, train_sft
+    from afm.sft import train_sft
+    from afm.sft_recipe import sft_recipe
     args, out = _args(setup, copy_steps=2), tmp_path / "recipe"
     runs = sft_recipe(setup / "rows.jsonl", out, args, progress=False)
     assert list(runs) == ["copy", "sft"] and runs["copy"]["steps"] == runs["sft"]["steps"] == 2
@@ -247,8 +249,8 @@ def test_bench_sft_refuses_bad_input_in_one_line(setup):
 
 def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
     """The released AFM files as LLaMA-Factory registers them (alpaca: instruction, input, output; no kind) train as they are:
-    `afm sft` prints the share of rows that pass afm.coa.check before training, skips the rest, and the model's card names the file."""
-    from afm.sft import conversation
+    `afm sft` prints the share of rows that pass afm.coa.grammar_problems before training, skips the rest, and the model's card names the file."""
+    from afm.sft_data import conversation
     rows = [json.loads(line) for line in (setup / "rows.jsonl").read_text().splitlines()]
     alpaca = []
     for i, r in enumerate(rows):
@@ -260,7 +262,7 @@ def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
     r = subprocess.run([*_cmd(setup, tmp_path / "out", "--max_steps", "1", "--save_steps", "1"), "--data", str(path)],
                        capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"{path}: 13 rows (alpaca 13); 12 pass afm.coa.check (92.3%); commonest problems: no <answer> (1)" in r.stdout, r.stdout
+    assert f"{path}: 13 rows (alpaca 13); 12 pass afm.coa.grammar_problems (92.3%); commonest problems: no <answer> (1)" in r.stdout, r.stdout
     done = json.loads((tmp_path / "out" / "sft" / "sft.json").read_text())
     assert done["skipped"] == {"no answer": 1} and done["rows"] == 12
     card = (tmp_path / "out" / "sft" / "model" / "README.md").read_text()

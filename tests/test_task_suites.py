@@ -1,12 +1,14 @@
-"""The generated suites at the size the tiny profile uses: deterministic, disjoint splits, every question answerable."""
+"""The generated suites at the size the tiny profile uses: deterministic, disjoint splits, every question answerable;
+and a world task rolled out with the tools of another world is refused, not silently scored 0."""
 import json
 
 import pytest
 
 from afm.grading import grade
 from afm.search import SearchIndex, wiki_documents
-from afm.tasks import SPLITS, load_benchmark
-from afm.world import GENERATED_SUITES, WORLD_SUITES, default_world, gold_answer, make_suites, verify_gold_path, world_documents
+from afm.tasks import SPLITS, gold_answer, load_benchmark
+from afm.world import default_world, world_documents, world_name, world_toolbox
+from afm.world_suites import GENERATED_SUITES, WORLD_SUITES, make_suites, verify_gold_path
 
 SIZES = {"sft": 200, "rl": 500, "val": 50, "test": 100}
 
@@ -64,3 +66,39 @@ def test_gold_answers_grade_one(suites):
         for t in suites[name][:50]:
             pred = gold_answer(t) if t.kind != "math" else f"\\boxed{{{gold_answer(t)}}}"
             assert grade(t, pred) == 1.0, (t.id, pred)
+
+
+def test_world_tasks_name_their_world_and_others_none(suites):
+    for name, tasks in suites.items():
+        assert all(t.meta.get("world") == (world_name() if name in WORLD_SUITES else None) for t in tasks), name
+    far = load_benchmark("world-atomic", split="test", seed=7, sizes={"test": 3})
+    assert {t.meta["world"] for t in far} == {"scale=1.0, seed=7"} and world_toolbox().world == "scale=1.0, seed=0"
+
+
+def test_a_rollout_refuses_tasks_of_another_world_and_runs_those_of_its_own():
+    """As a new user would: the tasks of `afm.rl.rl_tasks(seed=7)` (four world suites, twelve each) and the default
+    toolbox, which searches world 0. None of the 48 has its pages in that toolbox's index, so before the check every
+    episode scored 0 without a word; now evaluation and rollout refuse in one line naming both worlds."""
+    from afm.engine import TransformersEngine
+    from afm.evaluate import evaluate, suite_tasks
+    from afm.models import tiny_chat_model
+    from afm.rollout import RolloutConfig, rollout
+    from afm.search import SearchConfig
+    tasks = suite_tasks(12, "rl", WORLD_SUITES, seed=7)  # what rl_tasks(WORLD_SUITES, 12, seed=7) returns
+    box = world_toolbox()
+    index = box.config(SearchConfig).index
+    unreadable = [t for t in tasks if any(index.get(s["url"]) is None for s in t.gold_path if s["op"] == "read")]
+    assert len(tasks) == len(unreadable) == 48  # every task needs a page the default toolbox cannot find
+    engine, cfg = TransformersEngine(*tiny_chat_model()), RolloutConfig(temperature=0, max_new_tokens=12)
+    for run in (lambda: rollout(engine, tasks, box, cfg), lambda: evaluate(engine, tasks, box, cfg)):
+        with pytest.raises(ValueError) as refused: run()
+        said = str(refused.value)
+        print(said)
+        assert "48 of 48 tasks" in said and "(scale=1.0, seed=7)" in said and "(scale=1.0, seed=0)" in said and "\n" not in said
+    own = world_toolbox(seed=7)  # the tools of the tasks' world: they run
+    episodes = rollout(engine, tasks[:2], own, cfg)
+    assert [e.task_id for e in episodes] == [t.id for t in tasks[:2]]
+    records = evaluate(engine, tasks[:2], own, cfg)
+    assert [r["task_id"] for r in records] == [t.id for t in tasks[:2]] and all(0.0 <= r["reward"] <= 1.0 for r in records)
+    math = suite_tasks(2, "test", ["gsm-symbolic"], seed=7)  # tasks of no world pass with any tools
+    assert len(rollout(engine, math, box, cfg)) == 2

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from afm import benchmarks, grading, tasks, world
+from afm import benchmarks_paper, grading, grading_validation, tasks, world_suites
 from afm.llm import BackendError, Endpoint, LLMClient
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +26,7 @@ PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
 
 
 def test_every_humaneval_gold_passes_and_every_stub_fails():
-    report = grading.validate_code_grader(tasks.load_benchmark("humaneval"), workers=2, progress=False)
+    report = grading_validation.validate_code_grader(tasks.load_benchmark("humaneval"), workers=2, progress=False)
     print(f"\nHumanEval: {report['gold_passed']}/164 gold solutions pass, {report['stub_failed']}/164 `pass` stubs fail, "
           f"{report['seconds']} s; failures: {report['failures']}")
     assert report["problems"] == 164 and report["failures"] == []
@@ -36,7 +36,7 @@ def test_every_humaneval_gold_passes_and_every_stub_fails():
 def test_every_mmath_gold_answer_grades_itself_its_forms_and_not_a_wrong_number():
     suites = {n: tasks.load_benchmark(n) for n in ("math500", "aime24", "aime25", "cnmo")}
     assert {n: len(ts) for n, ts in suites.items()} == {"math500": 311, "aime24": 30, "aime25": 15, "cnmo": 18}
-    report = grading.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
+    report = grading_validation.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
     print(f"\nMMATH: {report['answers']} gold answers, {report['with_numeric_form']} with a numeric surface form, "
           f"{report['seconds']} s; (passed, checked) per form: {report['forms']}; failures: {report['failures']}")
     assert report["answers"] == 374 and report["failures"] == []
@@ -90,10 +90,10 @@ def _folder(name: str) -> str:
 
 def test_hub_loaders_fail_at_once_offline(tmp_path):
     "In a fresh process with HF_HUB_OFFLINE=1 (read by huggingface_hub at import) and no data, every hub loader fails fast."
-    names = sorted(set(tasks.benchmarks()) - set(PACKAGED) - set(world.GENERATED_SUITES))
+    names = sorted(set(tasks.benchmarks()) - set(PACKAGED) - set(world_suites.GENERATED_SUITES))
     script = f"""
 import json, time
-from afm import benchmarks, grading, tasks, world
+from afm import benchmarks, grading, tasks, world_suites
 out = []
 for name in {names!r}:
     t0 = time.perf_counter()
@@ -109,7 +109,7 @@ print(json.dumps(out))
     print(f"\n{len(results)} hub loaders failed offline in {time.perf_counter() - start:.1f} s (process included)")
     assert len(results) == len(names) == 22
     for name, kind, message, seconds in results:
-        source = benchmarks.PAPER_SOURCES[_folder(name)]
+        source = benchmarks_paper.PAPER_SOURCES[_folder(name)]
         assert kind == "FileNotFoundError", (name, kind, message)
         assert seconds < 2, (name, seconds)
         assert str(tmp_path / _folder(name)) in message and "path=" in message, message
@@ -129,7 +129,7 @@ def test_no_dataset_is_downloaded_without_AFM_DOWNLOAD(tmp_path, monkeypatch):
         message = str(e.value)
         assert message.startswith(f"{name}: no local data in {tmp_path / _folder(name)}/") and "\n" not in message, message
         assert "AFM_DOWNLOAD=1" in message and "$AFM_DATA" in message and "path=" in message, message
-        assert benchmarks.PAPER_SOURCES[_folder(name)].hub_id in message and time.perf_counter() - start < 1, message
+        assert benchmarks_paper.PAPER_SOURCES[_folder(name)].hub_id in message and time.perf_counter() - start < 1, message
 
 
 def test_datasets_offline_flag_counts_too(tmp_path, monkeypatch):

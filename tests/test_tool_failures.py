@@ -113,7 +113,7 @@ def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
 
 @pytest.mark.parametrize("timeout_s", [2.2e6, float("inf"), 0, -1])
 def test_sandbox_time_limits_are_bounded(timeout_s):
-    from afm.sandbox import run_python
+    from afm.sandbox_run import run_python
     with pytest.raises(ValueError, match="timeout_s"): run_python("print(1)", timeout_s=timeout_s)
 
 
@@ -147,7 +147,7 @@ def test_a_busy_cache_is_a_miss_not_a_failed_call(index, tmp_path):
 
 
 def test_a_latin1_coding_cookie_does_not_garble_the_program():
-    from afm.sandbox import run_python
+    from afm.sandbox_run import run_python
     for cookie in ("# coding: latin-1", "# -*- coding: iso-8859-1 -*-", "#!/usr/bin/env python\n# vim: set fileencoding=cp1252 :"):
         r = run_python(f"{cookie}\nprint('café ünïcode')")
         assert r.status == "ok" and r.stdout == "café ünïcode\n", (cookie, r)
