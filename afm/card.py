@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import CHAPTERS, Chapter, default_reports
+from .core import CHAPTERS, Chapter, default_reports, read_json
 from .prose import dig, duration, findings, fmt
-from .record import chapter_modules, file_sha256, library_sha256, read_json
+from .record import chapter_folder, chapter_modules, file_sha256, library_sha256
 
 # %% auto #0
 __all__ = ['RESULTS_MARKERS', 'NOTES_MARKERS', 'PROFILE_NOTES', 'run_times', 'results_table', 'update_block', 'update_readme',
-           'provenance', 'report_card', 'profile_records', 'measured_notes', 'write_reports']
+           'origin', 'report_card', 'profile_records', 'measured_notes', 'write_reports']
 
 # %% ../nbs/11c_card.ipynb #bbdcf816
 RESULTS_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")  # the README's generated block lies between these
@@ -56,8 +56,8 @@ def run_times(record: dict[str, Any]) -> str:
 class _Rows:
     "The rows of the results table as they are added, from a run's `record`; a figure the record lacks is left out."
     def __init__(self, record: dict[str, Any]):
-        from afm.results import paper_results
-        self.record, self.rows, self.paper = record, [], paper_results()
+        from afm.results import labelled_decodings, paper_results
+        self.record, self.rows, self.paper = labelled_decodings(record), [], paper_results()  # sampled figures: labels
 
     def get(self, path: str) -> Any: return dig(self.record, path)
 
@@ -87,7 +87,7 @@ def _distill_sft_rows(t: _Rows) -> None:
     qa, suites = t.get("sft.world_qa_chance"), len(t.get("sft.chance") or {}) or "all"
     t.add("SFT", "world QA (4 suites), test split, SFT model, greedy", t.num("sft.world_qa_sft_strict"), qa,
           published=f"AFM-SFT-32B on GAIA: {t.paper_value('web', 'AFM-SFT-32B', 'gaia')}%")
-    t.add("SFT", "world QA, SFT model, temperature 1.0", t.num("sft.world_qa_sft_t1"), qa)
+    t.add("SFT", f"world QA, SFT model, {t.get('sft.test_t1_decoding.label')}", t.num("sft.world_qa_sft_t1"), qa)
     t.add("SFT", "world QA, the untrained model", t.num("sft.world_qa_untrained"), qa)
     t.add("SFT", f"{t.get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy",
           t.num("sft.heldout_sft"), _mean(t.get("sft.chance")), t.get("sft.heldout_sft_ci95"))
@@ -99,7 +99,8 @@ def _rl_rows(t: _Rows) -> None:
     chance, n, seeds = _mean(t.get("rl.chance")), t.get("rl.heldout_questions"), t.get("rl.seeds")
     arm = f"RL model ({seeds} seed{'s, mean' * (seeds != 1)} of {t.get('rl.steps_per_seed')} steps)" if seeds else \
         "RL model"
-    t1 = "temperature 1.0" + (f", {t.get('rl.t1_samples')} samples a question" if t.get("rl.t1_samples") else "")
+    k = t.get("rl.t1_samples")
+    t1 = (t.get("rl.test_t1_decoding.label") or "sampled") + (f", {k} sample{'s' * (k != 1)} a question" if k else "")
     pv = t.paper_value
     paper = (f"GAIA at 32B {pv('web', 'AFM-SFT-32B', 'gaia')} → {pv('web', 'AFM-RL-32B', 'gaia')}; AIME25 at 7B "
              f"{pv('math', 'AFM-SFT-7B', 'aime25')} → {pv('math', 'AFM-RL-7B', 'aime25')}")
@@ -126,7 +127,8 @@ def _results_rows(t: _Rows) -> None:
         pk, bo = t.get(f"results.pass_at_k.{arm}") or {}, t.get(f"results.best_of_n.{arm}") or {}
         if pk:
             top = max(pk, key=int)
-            t.add("test-time scaling", f"{arm} model, {q} test questions at T=1.0: pass@1 → pass@{top}",
+            how = t.get("results.tts_decoding.label")
+            t.add("test-time scaling", f"{arm} model, {q} test questions at {how}: pass@1 → pass@{top}",
                   f"{fmt(pk['1'])} → {fmt(pk[top])}", chance)
         if "best_of_3_vote" in bo:
             paper = (f"AFM on GAIA: Best-of-3 {pv('tts', 'AFM (32B)', 'gaia_best_of_3')}, "
@@ -169,18 +171,23 @@ def update_readme(readme: Path | str, record: dict[str, Any]) -> bool:
     return update_block(readme, RESULTS_MARKERS, results_table(record))
 
 # %% ../nbs/11c_card.ipynb #5730018a
-def provenance(reports: Path | str, key: str, nb: Path, library: str) -> dict[str, Any]:
+def origin(reports: Path | str, key: str, nb: Path, library: str) -> dict[str, Any]:
     "Which commit produced chapter `key`'s figures (its `run.json`); has its notebook or `library` changed since?"
-    try: ran = read_json(Path(reports) / key / "run.json")
+    try: ran = chapter_folder(Path(reports) / key).done_record()
     except ValueError as e:
         return {"commit": None, "stale": f"its run.json is damaged ({str(e).split('(', 1)[-1].split(')')[0]})"}
-    if not isinstance(ran, dict): return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
+    if ran is None: return {"commit": None, "stale": "not produced by `afm run` (no run.json)"}
     changed = [what for what, now in (("notebook", file_sha256(nb) if nb.is_file() else None), ("library", library))
                if ran.get(f"{what}_sha256") != now]
     return {"commit": ran.get("commit"), "finished": ran.get("finished"),
             "stale": f"the {' and the '.join(changed)} changed since" if changed else None}
 
 # %% ../nbs/11c_card.ipynb #c0559d90
+def _origins(record: dict[str, Any]) -> dict[str, Any]:
+    "Each chapter's origin in `record` (its section `origin`; `provenance` in a record written before that name)."
+    return record.get("origin") or record.get("provenance") or {}
+
+
 def report_card(record: dict[str, Any], table: Sequence[Chapter] = CHAPTERS) -> str:
     "The markdown report card of a run's `record`: any failure, the machine and times, the results table, each chapter."
     failed, not_run = record.get("failed") or {}, record.get("not_run") or []
@@ -198,10 +205,10 @@ def report_card(record: dict[str, Any], table: Sequence[Chapter] = CHAPTERS) -> 
         resumed = " — resumed from an earlier run" if key in (record.get("resumed") or []) else ""
         seconds = (record.get("seconds") or {}).get(key, "?")
         lines += [f"## {key} — `nbs/{ch.notebook}.ipynb` ({seconds} s{resumed})", ""]
-        if prov := record.get("provenance", {}).get(key):
-            stale = f" **Stale: {prov['stale']}; rerun `afm run --chapters {ch.notebook}`.**" if prov["stale"] else ""
-            finished = f", finished {prov['finished']}." if prov.get("finished") else "."
-            lines += [f"Produced by commit `{prov['commit'] or 'unknown'}`{finished}{stale}", ""]
+        if came := _origins(record).get(key):
+            stale = f" **Stale: {came['stale']}; rerun `afm run --chapters {ch.notebook}`.**" if came["stale"] else ""
+            finished = f", finished {came['finished']}." if came.get("finished") else "."
+            lines += [f"Produced by commit `{came['commit'] or 'unknown'}`{finished}{stale}", ""]
         if defaults := (record.get("defaults") or {}).get(key):
             lines += ["At the notebook's defaults (the profile does not set them): "
                       + ", ".join(f"`{k} = {v}`" for k, v in defaults.items()), ""]
@@ -234,13 +241,13 @@ PROFILE_NOTES = {  # profile -> the sentences (templates of `afm.prose.render`) 
                    "{sft.world_qa_paired_masked_unmasked.questions} test questions "
                    + _paired("sft.world_qa_paired_masked_unmasked") + ".",
                    "Its RL seeds study ({rl.seeds} seeds of {rl.steps_per_seed} steps, code "
-                   "{provenance.rl.commit:.7}): on {rl.heldout_questions} test questions SFT scores "
+                   "{origin.rl.commit:.7}): on {rl.heldout_questions} test questions SFT scores "
                    "{rl.heldout_sft_greedy} greedy and RL {rl.heldout_rl_greedy_mean} ± {rl.heldout_rl_greedy_std} "
                    "over the seeds; paired over the same questions, RL − SFT is " + _paired("rl.paired_ci_greedy")
-                   + " greedy and " + _paired("rl.paired_ci_t1") + " at temperature 1.0.",
+                   + " greedy and " + _paired("rl.paired_ci_t1") + " at {rl.test_t1_decoding.label}.",
                    "{rl.zero_variance_share:.0%} of the groups RL drew had no reward variance to learn from (it drew "
                    "{rl.groups_drawn_per_step} a step to fill {parameters.rl_groups_per_step})."),
-    "smol": ("After {sft.sft_minutes} minutes of SFT training (code {provenance.sft.commit:.7}), world QA "
+    "smol": ("After {sft.sft_minutes} minutes of SFT training (code {origin.sft.commit:.7}), world QA "
              "{sft.world_qa_sft_strict} on `test` (chance {sft.world_qa_chance}; the untrained model "
              "{sft.world_qa_untrained}).",
              "The {rl.steps_per_seed}-step RL smoke test leaves {rl.heldout_questions} test questions at "
@@ -258,6 +265,8 @@ def profile_records(root: Path | str) -> dict[str, dict[str, Any]]:
         try:
             rec = read_json(folder / "metrics.json")
             if not isinstance(rec, dict) or not rec.get("profile"): continue
+            rec["origin"] = _origins(rec)  # the name the templates use, in a record written before it
+            rec.pop("provenance", None)
             for f in sorted(folder.glob("*/figures.json")): rec.setdefault(f.parent.name, read_json(f))
         except ValueError as e:
             print(f"profile_records: {e}", file=sys.stderr)
@@ -267,10 +276,12 @@ def profile_records(root: Path | str) -> dict[str, dict[str, Any]]:
 
 # %% ../nbs/11c_card.ipynb #821dc225
 def measured_notes(records: dict[str, dict[str, Any]], notes: dict[str, Sequence[str]] = PROFILE_NOTES) -> str:
-    "Markdown: for each profile of `notes` with a record, its sentences rendered from it (`afm.prose.findings`)."
+    """Markdown: for each profile of `notes` with a record, its sentences rendered from it (`afm.prose.findings`), its
+    sampled figures' decodings labelled (`afm.results.labelled_decodings`)."""
+    from afm.results import labelled_decodings
     out = []
     for profile, sentences in notes.items():
-        said = findings(sentences, records[profile]) if profile in records else ""
+        said = findings(sentences, labelled_decodings(records[profile])) if profile in records else ""
         where = "reports/" if profile == "tiny" else f"reports/{profile}/"
         if said: out.append(f"- **`{profile}`** (`{where}`, {str(records[profile].get('date', '?'))[:10]}): {said}")
     return "\n".join(out) + "\n"
@@ -287,8 +298,8 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
     if root is not None:
         nb = lambda c: Path(root) / "nbs" / f"{c.notebook}.ipynb"
         code = lambda c: library_sha256(root, chapter_modules(root, nb(c), c.module)) if nb(c).is_file() else None
-        record["provenance"] = {c.key: provenance(reports, c.key, nb(c), code(c)) for c in table
-                                if c.pipeline and c.key in record}
+        record["origin"] = {c.key: origin(reports, c.key, nb(c), code(c))
+                            for c in table if c.pipeline and c.key in record}
     (reports / "metrics.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     (reports / "README.md").write_text(report_card(record, table))
     if root is None or reports.resolve() != default_reports(record["profile"], root).resolve(): return

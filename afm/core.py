@@ -23,9 +23,10 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'code_digest', 'package_dir', 'package_file',
            'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'default_reports', 'settings_path', 'load_profiles',
-           'load_profile', 'declared_parameters', 'check_value', 'check_keys', 'profile_config', 'config_parser',
-           'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range', 'check_fields',
-           'read_json', 'write_json', 'identity_differences', 'RunFolder', 'step_of']
+           'load_profile', 'declared_parameters', 'chapter_keys', 'check_value', 'check_keys', 'profile_config',
+           'config_parser', 'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range',
+           'check_fields', 'read_json', 'write_json', 'identity_differences', 'identity_gap', 'identity_digest',
+           'RunFolder', 'step_of']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("06_models", "models"),
     Chapter("07_engine", "engine"),
     Chapter("07_engine_local", "engine_local", pipeline=False),
-    Chapter("07a_serve", "serve", commands=("serve model",)),
+    Chapter("07a_serve", "serve", pipeline=False),
+    Chapter("07a_serve_app", "serve_app", commands=("serve model",), reports="serve"),
+    Chapter("07a_serve_client", "serve_client", pipeline=False),
     Chapter("07b_fit", "fit", pipeline=False),
     Chapter("08_rollout", "rollout", commands=("bench rollout",)),
     Chapter("08a_evaluate", "evaluate"),
@@ -261,6 +264,15 @@ def declared_parameters(name: Path | str, prefix: str = "", root: Path | str | N
     import papermill
     return {k: d["default"] for k, d in papermill.inspect_notebook(str(path)).items() if k.startswith(prefix)}
 
+
+def chapter_keys(name: str, prefix: str, root: Path | str | None = None) -> set[str] | None:
+    """The `prefix` keys chapter `name` declares as its parameters (`declared_parameters`): the profile keys of that
+    prefix it reads itself. None outside a clone of the repository (no `nbs/` at or above `root`), where no chapter
+    can run and its keys cannot be known."""
+    try: repo_root(root)
+    except FileNotFoundError: return None
+    return set(declared_parameters(name, prefix, root))
+
 # %% ../nbs/00a_core.ipynb #b28e9890
 _KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "text", list: "a list", dict: "a dict"}
 
@@ -287,17 +299,32 @@ def check_keys(keys: Iterable[str], allowed: Iterable[str], where: str, what: st
     if bad: raise ValueError(f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(hint, bad))}" + (f"; {what}" if what else ""))
 
 
-def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str = "settings.ini", known: Iterable[str] = (),
-                   **overrides):
-    """An instance of config dataclass `cls` with the fields that `profile` sets as `<prefix><field>` (type-checked), then
-    `overrides`. Any other `<prefix>*` key is an error unless it is in `known` (keys the chapter reads itself)."""
+def _prefixed(cls: type, profile: dict[str, Any], prefix: str, where: str, known: Iterable[str] | None,
+              skip_none: bool = False) -> dict[str, Any]:
+    "The fields of `cls` that `profile` sets as `<prefix><field>`, type-checked, once every `<prefix>*` key is checked."
     names = {f.name for f in dataclasses.fields(cls)}
-    check_keys([k for k in profile if k.startswith(prefix)], [prefix + n for n in names] + list(known), where,
-               f"`{prefix}*` keys are the fields of {cls.__name__}" + (" and the chapter's own parameters" if known else ""))
-    values = {k.removeprefix(prefix): check_value(cls, k.removeprefix(prefix), v, f"{where}: {k}")
-              for k, v in profile.items() if k.startswith(prefix) and k.removeprefix(prefix) in names}
+    keys = [k for k in profile if k.startswith(prefix)]
+    if known is not None:
+        elsewhere = " and keys read elsewhere (a chapter's parameters, another config)" if known else ""
+        check_keys(keys, [prefix + n for n in names] + list(known), where,
+                   f"`{prefix}*` keys are the fields of {cls.__name__}{elsewhere}")
+    return {k.removeprefix(prefix): check_value(cls, k.removeprefix(prefix), profile[k], f"{where}: {k}")
+            for k in keys if k.removeprefix(prefix) in names and not (skip_none and profile[k] is None)}
+
+
+def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str = "settings.ini",
+                   known: Iterable[str] | None = (), overlay: str = "", overlay_known: Iterable[str] | None = (),
+                   **overrides):
+    """An instance of config dataclass `cls` with the fields `profile` sets as `<prefix><field>`, then those it sets as
+    `<overlay><field>` over them (how one use departs from the shared keys: `eval_` over `rollout_`; a None there
+    leaves the field as it is), each type-checked, then `overrides`. Any other key of the prefix is an error unless it
+    is in `known` (of the overlay: `overlay_known`), keys read elsewhere; None accepts any such key (outside a clone of
+    the repository, where the chapters that read them cannot run)."""
+    values = _prefixed(cls, profile, prefix, where, known)
+    if overlay: values |= _prefixed(cls, profile, overlay, where, overlay_known, skip_none=True)
     try: return cls(**{**values, **overrides})
-    except ValueError as e: raise ValueError(f"{where}: {e} (keys {prefix}<field>)") from None
+    except ValueError as e:
+        raise ValueError(f"{where}: {e} (keys {prefix}<field>{f', {overlay}<field>' if overlay else ''})") from None
 
 # %% ../nbs/00a_core.ipynb #1b676f49
 def _cli_fields(cls: type) -> type:
@@ -408,11 +435,17 @@ def _short(v: Any) -> str:
     return s if len(s) <= 24 else s[:20] + "…"
 
 
-def identity_differences(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> list[str]:
+def _as_json(x: Any) -> Any:
+    "`x` as it reads back from a JSON file (tuples as lists): an identity in memory equals the same one stored."
+    return json.loads(json.dumps(x, default=str))
+
+
+def identity_differences(there: dict, here: dict, free: Iterable[str] = (),
+                         missing: dict[str, Any] | None = None) -> list[str]:
     """What differs between a recorded identity `there` and `here`, one `path: A there, B here` each, over dotted paths
     (`args.lr`). Paths in `free` (or under them) may differ; a path `there` lacks counts as `missing[path]` (a setting
     added since, at the value that run had), else as absent."""
-    a, b, missing, free = _flat(there), _flat(here), missing or {}, tuple(free)
+    a, b, missing, free = _flat(_as_json(there)), _flat(_as_json(here)), _as_json(missing or {}), tuple(free)
     out = []
     for k in [*b, *(k for k in a if k not in b)]:
         if k in free or k.startswith(tuple(f + "." for f in free)): continue
@@ -420,29 +453,54 @@ def identity_differences(there: dict, here: dict, free: Iterable[str] = (), miss
         if old != new: out.append(f"{k}: {_short(old)} there, {_short(new)} here")
     return out
 
+
+def identity_gap(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None,
+                 most: int = 4) -> str | None:
+    "The `identity_differences` in one line (the first `most`, then how many more); None when nothing differs."
+    diff = identity_differences(there, here, free, missing)
+    if not diff: return None
+    return "; ".join(diff[:most]) + (f" and {len(diff) - most} more" if len(diff) > most else "")
+
+
+def identity_digest(identity: Any, length: int = 12) -> str:
+    "The first `length` hex digits of the sha256 of `identity` as JSON (keys sorted): a short name for it."
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
 # %% ../nbs/00a_core.ipynb #c1d046b3
 @dataclass
 class RunFolder:
     """The folder `path` that holds one run: the identity that made it (`identity_file`, written when it starts), its
     checkpoints (`checkpoints/checkpoint-<step>`, complete once `complete_file` is in them) and the record it finished
-    with (`done_file`, holding the identity under `identity`)."""
+    with (`done_file`), holding the identity under `identity_key` (or, when that is "", at its top level beside the
+    figures)."""
     path: Path
     identity_file: str = "identity.json"
     done_file: str = "done.json"
     complete_file: str = "trainer_state.json"
+    identity_key: str = "identity"
 
     def __post_init__(self): self.path = Path(self.path)
 
-    def recorded(self) -> dict | None:
+    def identity(self) -> dict | None:
         "The identity the folder holds (None when none was written)."
         return read_json(self.path / self.identity_file, f"delete {self.path} to start afresh")
 
+    def done_record(self) -> dict | None:
+        "The record its run finished with (None when there is none)."
+        done = read_json(self.path / self.done_file, f"delete it to run {self.path} again")
+        return done if isinstance(done, dict) else None
+
+    def holds_work(self) -> bool:
+        "Does the folder hold what a run made: a complete checkpoint, or the record of a finished run?"
+        return bool(self.checkpoints()) or (self.path / self.done_file).is_file()
+
     def gap(self, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> str | None:
-        "What differs between the run the folder holds and `here`, in a few words; None when it holds this run or nothing."
-        there = self.recorded()
-        if there is None: return "no identity recorded" if self.checkpoints() else None
-        diff = identity_differences(there, here, free, missing)
-        return "; ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "") if diff else None
+        """What differs between the run the folder holds and `here`, in one line (`identity_gap`); None when it holds
+        this run, or no work of any run (an identity alone, of a run stopped before its first checkpoint, keeps
+        nothing)."""
+        if not self.holds_work(): return None
+        there = self.identity()
+        return "no identity recorded" if there is None else identity_gap(there, here, free, missing)
 
 # %% ../nbs/00a_core.ipynb #3eef1098
 def step_of(checkpoint: Path | str) -> int:
@@ -465,25 +523,30 @@ def resume_point(self: RunFolder, max_step: int | None = None) -> Path | None:
 
 # %% ../nbs/00a_core.ipynb #3edeb2d0
 @patch
-def claim(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> None:
-    """Make the folder this run's, before any compute is spent: a ValueError naming the folder and what differs when it
-    holds another run (or checkpoints of an unknown one); else its identity is (re)written as `here`."""
+def refuse_another(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None):
+    "A one-line ValueError naming the folder and what differs when it holds another run (or an unknown run's work)."
     if gap := self.gap(here, free, missing):
         raise ValueError(f"{self.path} holds another run ({gap}); use another folder or delete that one")
+
+
+@patch
+def claim(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> None:
+    "Make the folder this run's before any compute is spent: `refuse_another`, then its identity (re)written as `here`."
+    self.refuse_another(here, free, missing)
     write_json(self.path / self.identity_file, here)
 
 
 @patch
-def finished(self: RunFolder, here: dict, free: Iterable[str] = ()) -> dict | None:
-    "The record the run finished with when it is this run (`here`, up to `free` paths); else None."
-    done = read_json(self.path / self.done_file, f"delete it to run {self.path} again")
-    if not isinstance(done, dict) or not isinstance(done.get("identity"), dict): return None
-    return done if not identity_differences(done["identity"], here, free) else None
+def finished(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None):
+    "The record the run finished with when it is this run (`here`, up to `free` and `missing` paths); else None."
+    if (done := self.done_record()) is None: return None
+    there = done.get(self.identity_key) if self.identity_key else {k: done[k] for k in here if k in done}
+    return done if isinstance(there, dict) and not identity_differences(there, here, free, missing) else None
 
 
 @patch
 def finish(self: RunFolder, record: dict, here: dict) -> dict:
-    "Write the record the run `here` finished with (the identity under `identity`); the record as written."
-    record = {**record, "identity": here}
+    "Write the record run `here` finished with, its identity first (under `identity_key`, or at the top); return it."
+    record = {self.identity_key: here, **record} if self.identity_key else {**here, **record}
     write_json(self.path / self.done_file, record)
     return record

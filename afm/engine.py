@@ -13,7 +13,7 @@ the other requests of its batch complete. What each engine covers:
 | `TransformersEngine` | its own random stream | reused | at every step | a state dict or a model | fails alone |
 | `afm.engine_local.VLLMEngine` | vLLM's | vLLM's own prefix caching | before it starts | a state dict (untested here) | fails alone |
 | `GenerateEngine` | ignored | ignored | before it starts | no | fails its call |
-| `afm.serve.OpenAIEngine` | sent to the server | ignored | before it is sent | no: the server loads weights | fails alone |
+| `afm.serve_client.OpenAIEngine` | sent to the server | ignored | before it is sent | no: the server loads weights | fails alone |
 | `afm.serve.BatchingEngine` | its engine's | its engine's | its engine's | its engine's | fails its call |
 
 Model names and chat text meet the engine in `afm.engine_local`: its `build_engine(model, engine, device, dtype)` builds

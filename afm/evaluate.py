@@ -12,11 +12,11 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .core import progress_bar
+from .core import identity_gap, progress_bar, read_json, write_json
 from .engine import Engine
 from .rollout import Episode, RolloutConfig, rollout
 from .tasks import Task
@@ -24,11 +24,11 @@ from .tools import Toolbox
 from .world_suites import GENERATED_SUITES
 
 # %% auto #0
-__all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'EVAL_PARAMETERS', 'grade_episode', 'evaluate',
-           'suite_tasks', 'suite_chance', 'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize',
-           'macro_mean', 'markdown_table', 'paired_bootstrap', 'vote', 'self_check', 'best_of_n', 'choose',
-           'read_records', 'weights_stamp', 'eval_key', 'RecordsBusy', 'check_out', 'writer_lock', 'MissingRecords',
-           'records', 'eval_config']
+__all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'grade_episode', 'evaluate', 'suite_tasks',
+           'suite_chance', 'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean',
+           'markdown_table', 'paired_bootstrap', 'vote', 'self_check', 'best_of_n', 'choose', 'read_records',
+           'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out', 'writer_lock', 'MissingRecords',
+           'identity_file', 'records', 'eval_config']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None, no_verdict: float | None = None) -> dict:
@@ -278,7 +278,7 @@ def weights_stamp(model: str | Path) -> dict:
     return {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None}
 
 
-def eval_key(model: dict | str, tasks: Sequence[Task], config: RolloutConfig, k: int = 1, sizes=None) -> dict:
+def eval_identity(model: dict | str, tasks: Sequence[Task], config: RolloutConfig, k: int = 1, sizes=None) -> dict:
     "What makes a records file: the model (`weights_stamp`, or a name), the tasks and their splits, samples per task, the rollout config, tool sizes and the code."
     from afm.core import code_digest
     model = model if isinstance(model, dict) else {"model": str(model), "weights": None}
@@ -340,13 +340,19 @@ class MissingRecords(RuntimeError):
                          f"the {total - self.missing} others are saved, and a rerun generates the missing ones")
 
 
-def _resume(path: Path, key: dict, stale: str) -> tuple[list[dict], bool]:
-    """What a run under `key` resumes from: the records in `path` (less those an engine failed on, dropped from the
-    file to be redone) and whether the file starts afresh; records made under another key are refused (`stale`)."""
-    key_path, tmp = path.with_suffix(".key.json"), path.with_suffix(".tmp")
-    try: there = json.loads(key_path.read_text()) if key_path.is_file() else None
-    except ValueError: raise ValueError(f"{key_path} is damaged: delete it and {path} to start afresh") from None
-    if there == key:
+def identity_file(path: Path) -> Path:
+    "The identity file of the records file `path`: `<name>.identity.json`, or an older file's `<name>.key.json`."
+    new, old = path.with_suffix(".identity.json"), path.with_suffix(".key.json")
+    return old if old.is_file() and not new.is_file() else new
+
+
+def _resume(path: Path, identity: dict, stale: str) -> tuple[list[dict], bool]:
+    """What a run of `identity` resumes from: the records in `path` (less those an engine failed on, dropped from the
+    file to be redone) and whether the file starts afresh; records of another identity are refused (`stale`)."""
+    tmp = path.with_suffix(".tmp")
+    there = read_json(identity_file(path), f"delete it and {path} to start afresh")
+    gap = "no identity recorded" if there is None else identity_gap(there, identity)
+    if gap is None:
         recs = read_records(path)
         kept = [r for r in recs if r.get("end") != "engine_error"]
         if len(kept) < len(recs):  # the file without them, whole or not at all
@@ -355,26 +361,26 @@ def _resume(path: Path, key: dict, stale: str) -> tuple[list[dict], bool]:
             os.replace(tmp, path)
         return kept, False
     if stale == "refuse" and path.is_file() and path.stat().st_size:
-        differ = [f for f in key if (there or {}).get(f) != key[f]] if there else ["no key file"]
-        raise ValueError(f"{path} holds records made otherwise ({', '.join(differ)} differ): use another file, "
-                         "or start afresh (afm eval --fresh)")
+        raise ValueError(f"{path} holds records made otherwise ({gap}): use another file, or start afresh "
+                         "(afm eval --fresh)")
     return [], True
 
 
-def _start(path: Path, key: dict) -> None:
-    "Start `path` afresh under `key`: its records removed, the key written beside it whole or not at all."
-    key_path = path.with_suffix(".key.json")
+def _start(path: Path, identity: dict) -> None:
+    "Start `path` afresh as `identity`: its records removed, the identity written beside it whole or not at all."
     path.unlink(missing_ok=True)
-    key_path.with_suffix(".tmp").write_text(json.dumps(key, indent=1))
-    os.replace(key_path.with_suffix(".tmp"), key_path)
+    path.with_suffix(".key.json").unlink(missing_ok=True)  # the name it had before
+    write_json(path.with_suffix(".identity.json"), identity, indent=1)
 
 # %% ../nbs/08a_evaluate.ipynb #362f993a
 def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequence[Task], toolbox: Toolbox | None = None,
-            config: RolloutConfig | None = None, k: int = 1, key: dict | None = None, stale: str = "refuse", batch: int = 64,
+            config: RolloutConfig | None = None, k: int = 1, identity: dict | None = None, stale: str = "refuse",
+            batch: int = 64,
             judge=None, runner=None, progress: bool = False) -> list[dict]:
-    """The records of every task's samples 0..k-1, kept in the JSONL file `path` under `key` (`eval_key`) by one
-    writer: appended `batch` pairs at a time, a rerun evaluating only the missing pairs; another key is refused or
-    (`stale="restart"`) started afresh. `engine` may be a function that makes one, called only if a pair is missing.
+    """The records of every task's samples 0..k-1, kept in the JSONL file `path` as `identity` (`eval_identity`) by
+    one writer: appended `batch` pairs at a time, a rerun evaluating only the missing pairs; another identity is
+    refused or (`stale="restart"`) started afresh. `engine` may be a function that makes one, called only if a pair
+    is missing.
     In task order; pairs the engine failed on are left out, and raise `MissingRecords` once the others are saved."""
     if stale not in ("refuse", "restart"): raise ValueError(f"stale must be 'refuse' or 'restart', got {stale!r}")
     if k < 1 or batch < 1: raise ValueError(f"k and batch must be at least 1, got k={k}, batch={batch}")
@@ -382,17 +388,17 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     if twice := [t for t, n in Counter(t.id for t in tasks).items() if n > 1]:
         raise ValueError(f"records: task {twice[0]!r} is listed more than once; a task is sampled more than once through `k`")
     path, config = check_out(path), config or RolloutConfig()
-    key = key or eval_key(getattr(engine, "name", "engine"), tasks, config, k)
+    identity = identity or eval_identity(getattr(engine, "name", "engine"), tasks, config, k)
     path.parent.mkdir(parents=True, exist_ok=True)
     with writer_lock(path):
-        kept, fresh = _resume(path, key, stale)
+        kept, fresh = _resume(path, identity, stale)
         done = {(r["task_id"], r["sample"]): r for r in kept}
         todo = [(t, s) for t in tasks for s in range(k) if (t.id, s) not in done]
         if todo:
             from afm.grading import require_judge
             judge = require_judge([t for t, _ in todo], judge)  # before the engine is built
             if not isinstance(engine, Engine): engine = engine()
-        if fresh: _start(path, key)  # once the model has loaded
+        if fresh: _start(path, identity)  # once the model has loaded
         failed = []
         with progress_bar(total=len(todo), desc="records", unit="pair", disable=not (progress and todo)) as bar:
             for i in range(0, len(todo), batch):
@@ -407,19 +413,18 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     return [done[(t.id, s)] for t in tasks for s in range(k)]
 
 # %% ../nbs/08a_evaluate.ipynb #e7c0a002
-EVAL_PARAMETERS = ("eval_tasks", "eval_k", "eval_bench_tasks", "eval_chance_per_suite")  # `eval_*` keys that are this chapter's own parameters
-
-
-def eval_config(profile: str | dict = "tiny", samples: int = 1, where: str | None = None, **overrides) -> RolloutConfig:
-    """How `profile` evaluates `samples` per question: its `RolloutConfig` (`afm.rollout.rollout_config`) with its
-    `eval_<field>` keys over it, then `overrides`; without `eval_temperature`, greedy for one sample and 1.0 for several."""
-    from afm.core import check_keys, check_value, load_profile
+def eval_config(profile: str | dict = "tiny", sampled: bool | None = None, where: str | None = None,
+                **overrides) -> RolloutConfig:
+    """How `profile` evaluates: its `RolloutConfig` with its `eval_<field>` keys over it (`rollout_config(profile,
+    "eval")`), its decoding said outright, then `overrides`. `sampled=False`: greedy (temperature 0, top-p 1);
+    `sampled=True`: the profile's sampling (`eval_temperature`, `eval_top_p`, else the rollout's); None: sampled when
+    the profile sets `eval_temperature`, else greedy."""
+    from afm.core import load_profile
     from afm.rollout import rollout_config
     prof = load_profile(profile) if isinstance(profile, str) else profile
     where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
-    names, keys = {f.name for f in fields(RolloutConfig)}, [k for k in prof if k.startswith("eval_")]
-    check_keys(keys, [f"eval_{n}" for n in names] + list(EVAL_PARAMETERS), where, "`eval_*` keys are fields of RolloutConfig and the evaluation chapter's parameters")
-    own = {k[5:]: check_value(RolloutConfig, k[5:], prof[k], f"{where}: {k}") for k in keys if k[5:] in names and prof[k] is not None}
-    if own.get("temperature") is None or (samples > 1 and own["temperature"] == 0): own["temperature"] = 0.0 if samples == 1 else 1.0
-    try: return replace(rollout_config(prof, where), **{**own, **overrides})
+    config = rollout_config(prof, "eval", where)  # every key checked, whichever decoding this evaluation takes
+    if sampled is None: sampled = prof.get("eval_temperature") is not None
+    greedy = {} if sampled else {"temperature": 0.0, "top_p": 1.0}
+    try: return replace(config, **{**greedy, **overrides})
     except ValueError as e: raise ValueError(f"{where}: {e}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .engine import Engine
-from .evaluate import (EVAL_SUITES, check_out, eval_config, eval_key, markdown_table, records, suite_rows,
+from .evaluate import (EVAL_SUITES, check_out, eval_config, eval_identity, markdown_table, records, suite_rows,
                           suite_tasks, weights_stamp)
 from .tasks import Task
 from .tools import Toolbox
@@ -39,8 +39,10 @@ def _eval_parser():
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="sampled tokens per episode (default: the profile's)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="default: the profile's eval_temperature, else 0 (greedy) for one sample and 1.0 for several")
-    p.add_argument("--top-p", type=float, default=None, help="default: the profile's (eval_top_p, else rollout_top_p)")
+                   help="default: the profile's evaluation decoding (eval_config): sampled at its eval_temperature, "
+                        "else rollout_temperature, with --samples above 1 or when it sets eval_temperature; else greedy")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="default: that decoding's (eval_top_p, else rollout_top_p; 1 when greedy)")
     p.add_argument("--system", default=None, help="the instructions (default: the task kind's system prompt)")
     p.add_argument("--prompt-layout", choices=PROMPT_LAYOUTS, default=None,
                    help="where the instructions go: system (a system turn, as our SFT rows) or user (the user turn, "
@@ -55,7 +57,7 @@ def _eval_parser():
     p.add_argument("--device", default="auto", help="auto (the first CUDA GPU, else the CPU), cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto",
                    help=f"{', '.join(DTYPES)} (auto: float32 on a CPU, bfloat16 on a GPU; vLLM: the checkpoint's)")
-    p.add_argument("--out", default=None, help="the records file (JSONL; its key beside it)")
+    p.add_argument("--out", default=None, help="the records file (JSONL; its identity beside it)")
     p.add_argument("--endpoint", default=None,
                    help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (`afm serve model`, `vllm serve`)")
     p.add_argument("--served-model", default=None,
@@ -117,7 +119,7 @@ def _engine(model: str, endpoint: str | None, options: dict | None, served: str 
     if not endpoint:
         from afm.engine_local import build_engine
         return lambda: build_engine(model, **options)
-    from afm.serve import OpenAIEngine
+    from afm.serve_client import OpenAIEngine
     url = endpoint.rstrip("/").removesuffix("/v1")  # the server's root: `afm serve model` prints it with /v1
     listed = _listed_models(endpoint)
     if served is None:
@@ -151,16 +153,16 @@ def _judge(a, tasks: Sequence[Task]):
 
 # %% ../nbs/08a_evaluate_cli.ipynb #96bc261c
 def _toolbox(a, tasks: Sequence[Task]) -> tuple[Toolbox, dict | None]:
-    """`afm eval`'s tools and, when they are not the world's, their settings (for the records' key):
+    """`afm eval`'s tools and, when they are not the world's, their settings (for the records' identity):
     `afm.distill.ToolboxConfig`'s, checked now."""
-    from afm.world import tool_sizes, world_documents, world_toolbox
+    from afm.world import profile_toolbox, profile_world, tool_sizes, world_documents
     names = ("online", "corpus", "retriever_url", "web_retriever", "summarizer_url", "summarizer_model")
     given = {k: getattr(a, k) for k in names}
-    if not any(given.values()): return world_toolbox(tool_sizes(a.profile)), None
+    if not any(given.values()): return profile_toolbox(a.profile), None  # the tools of the profile's world
     from afm.distill import ToolboxConfig
     config = ToolboxConfig(**given)
     generated = any(t.source in GENERATED_SUITES for t in tasks)
-    world = world_documents() if generated else ()  # a generated suite's answers are in its pages
+    world = world_documents(*profile_world(a.profile)) if generated else ()  # a generated suite's answers: its pages
     return config.toolbox(tool_sizes(a.profile), extra=world), asdict(config)
 
 # %% ../nbs/08a_evaluate_cli.ipynb #ef502fbd
@@ -196,7 +198,7 @@ def cli_eval(argv: list[str] | None = None) -> int:
     per-suite table printed."""
     from afm.core import data_dir, load_profile
     from afm.engine_local import engine_options
-    from afm.world import tool_sizes
+    from afm.world import profile_world, tool_sizes
     a = _eval_parser().parse_args(argv)
     try:  # all checked before the model loads: flags, files, profile, model, engine, tasks, judge, tools, decoding
         n = _check_flags(a)
@@ -209,17 +211,19 @@ def cli_eval(argv: list[str] | None = None) -> int:
         options = None if a.endpoint else engine_options(a.engine or prof.get("engine", "hf"), a.device, a.dtype)
         served = {"model": f"{name}@{a.endpoint}", "weights": None}
         model = served if a.endpoint else {**weights_stamp(name), "engine": options}  # a missing model: named here
-        tasks = suite_tasks(a.per_suite, a.split, [s.strip() for s in a.suite.split(",") if s.strip()])
+        suites = [s.strip() for s in a.suite.split(",") if s.strip()]
+        tasks = suite_tasks(a.per_suite, a.split, suites, *profile_world(prof, f"settings.ini [{a.profile}]"))
         judge = _judge(a, tasks)  # web tasks and no judge, or a judge endpoint that does not answer: here
         box, toolbox = _toolbox(a, tasks)  # a missing corpus or Serper key, a retriever or summariser silent: here
         over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system,
                 "prompt_layout": a.prompt_layout, "dialect": a.dialect}
-        cfg = eval_config(prof, n, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
+        cfg = eval_config(prof, True if n > 1 else None, f"settings.ini [{a.profile}]",  # several samples: sampled
+                          **{k: v for k, v in over.items() if v is not None})
         make = _engine(name, a.endpoint, options, a.served_model)
         extra = {**({"toolbox": toolbox} if toolbox else {}), **({"judge": judge.model} if judge else {})}
-        key = eval_key({**model, **extra}, tasks, cfg, n, tool_sizes(a.profile))
+        identity = eval_identity({**model, **extra}, tasks, cfg, n, tool_sizes(a.profile))
         stale = "restart" if a.fresh else "refuse"
-        recs = records(out, make, tasks, box, cfg, n, key, stale, a.batch, judge=judge, progress=True)
+        recs = records(out, make, tasks, box, cfg, n, identity, stale, a.batch, judge=judge, progress=True)
         print(markdown_table(suite_rows(recs, a.k, chance), ["suite", "questions", "samples", "pass@1", "avg@k", "ci95",
                                                               "pass@k", "format_failures", "tool_calls", "chance"]))
     except Exception as e:  # one line naming what failed: a flag, a file, the model, the engine, the judge, a server

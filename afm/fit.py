@@ -5,20 +5,19 @@
 # %% ../nbs/07b_fit.ipynb #7ef28ee2
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Sequence
 
 from .coa import Trajectory, stop_strings
 from .coa_masks import encode
+from .core import identity_digest
 from .models import chat_prompt_ids, decode
 from .prompts import system_prompt
 from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_examples', 'calls_tools', 'fit_key',
+__all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_examples', 'calls_tools', 'fit_identity',
            'tool_caller_folder', 'tool_calling_tiny']
 
 # %% ../nbs/07b_fit.ipynb #19988aa9
@@ -94,19 +93,20 @@ def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TI
     return sum(called(decode(tokenizer, g.ids)) for g in gens) / max(1, len(tasks))
 
 
-def fit_key(examples: Sequence[tuple[Task, Trajectory]], threads: int | None = None, **settings) -> str:
-    "A hash of what makes a brief fit's weights: the examples, `settings`, the torch, transformers and tokenizers versions, torch's thread count."
+def fit_identity(examples: Sequence[tuple[Task, Trajectory]], threads: int | None = None, **settings) -> dict:
+    """What makes a brief fit's weights: the examples, `settings`, the torch, transformers and tokenizers versions,
+    torch's thread count."""
     import tokenizers, torch, transformers
-    content = {"examples": [[t.id, t.question, tr.to_dict()] for t, tr in examples], "settings": settings,
-               "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
-               "threads": torch.get_num_threads() if threads is None else threads}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return {"examples": [[t.id, t.question, tr.to_dict()] for t, tr in examples], "settings": settings,
+            "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
+            "threads": torch.get_num_threads() if threads is None else threads}
 
 # %% ../nbs/07b_fit.ipynb #dd78e1d6
 def tool_caller_folder(examples: Sequence[tuple[Task, Trajectory]], steps: int = 200, seed: int = 0) -> Path:
     "Where `tool_calling_tiny` caches the model fitted on `examples` (under `afm.core.cache_dir`)."
     from afm.core import cache_dir
-    return cache_dir("models", f"tiny-tool-caller-{fit_key(examples, steps=steps, seed=seed, lr=5e-3, batch=2, system=TINY_SYSTEM)}")
+    fit = fit_identity(examples, steps=steps, seed=seed, lr=5e-3, batch=2, system=TINY_SYSTEM)
+    return cache_dir("models", f"tiny-tool-caller-{identity_digest(fit)}")
 
 
 def tool_calling_tiny(steps: int = 200, tasks: int = 40, seed: int = 0, box: Toolbox | None = None, min_rate: float = 0.75):

@@ -5,6 +5,7 @@
 # %% ../nbs/00b_prose.ipynb #50f79e98
 from __future__ import annotations
 
+import ast
 import bisect
 import json
 import re
@@ -13,7 +14,8 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 # %% auto #0
 __all__ = ['FIELD', 'STAND_IN', 'UNITS', 'VERSIONED', 'TIME_UNITS', 'dig', 'fmt', 'duration', 'render', 'findings',
-           'prose_figures', 'time_unit', 'Sources', 'sources', 'unsourced', 'notebook_prose', 'repo_sources']
+           'prose_figures', 'time_unit', 'Sources', 'sources', 'unsourced', 'notebook_prose', 'code_constants',
+           'repo_sources']
 
 # %% ../nbs/00b_prose.ipynb #df989150
 def dig(record: Any, path: str) -> Any:
@@ -73,11 +75,20 @@ def findings(sentences: Sequence[str], figures: Mapping, stand_in: bool = False)
 UNITS = {"ms": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60,
          "h": 3600, "hour": 3600, "hours": 3600}  # a time's unit, in seconds
 VERSIONED = ("python", "torch", "transformers", "trl", "vllm", "peft", "accelerate", "datasets", "tokenizers",
-             "papermill", "nbdev", "cuda", "version", "pytest", "ruff")  # a decimal right after one is a version
+             "papermill", "nbdev", "cuda", "version", "pytest", "ruff", "huggingface_hub", "bubblewrap", "util-linux",
+             "kernel", "arxiv")  # a decimal right after one is a version (or an arXiv number)
 _NUM = r"[+−-]?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE]-?\d+)?"
 _UNIT = rf"\s?(%)|\s?(h)\s(\d+)\s?(min)\b|\s?({'|'.join(UNITS)})\b|\s(times)\b"  # %, `1 h 36 min`, a unit, a ratio
 _TOKEN = re.compile(rf"(?<![\w.§#/\-−+])({_NUM})(?:{_UNIT})?")
 _NOT_PROSE = re.compile(r"```.*?```|`[^`]*`|<!--.*?-->|\]\([^)]*\)", re.S)
+_RANGE_START = re.compile(r"[\d.]+[–-]")  # `5.17–`: a range's start, whose end reads like it (`transformers 5.17–5.24`)
+
+
+def _versioned(before: str) -> bool:
+    "Does the prose `before` a number end with a name that makes it a version (`**TRL`, `transformers 5.17–`)?"
+    words = [w.strip("(\"'*_") for w in before.lower().split()]
+    if words and _RANGE_START.fullmatch(words[-1]): words.pop()
+    return bool(words) and words[-1] in VERSIONED
 
 
 def prose_figures(text: str) -> list[tuple[str, float, float, str]]:
@@ -87,8 +98,7 @@ def prose_figures(text: str) -> list[tuple[str, float, float, str]]:
     for m in _TOKEN.finditer(text):
         num, end = m[1], m.end()
         if re.match(r"\w|\.\w", text[end:end + 2]): continue  # part of a name or a version (`7B`, `2.13.0`, `5.17.x`)
-        prev = text[max(0, m.start() - 14):m.start()].lower().split()
-        if prev and prev[-1].strip("(\"'") in VERSIONED: continue
+        if _versioned(text[max(0, m.start() - 40):m.start()]): continue
         digits = num.replace(",", "").replace("−", "-").lstrip("+")
         mant, _, exp = digits.lower().partition("e")
         step = 10.0 ** (-len(mant.partition(".")[2]) + int(exp or 0))
@@ -158,11 +168,26 @@ def notebook_prose(path: Path | str) -> str:
     return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
+def code_constants(package: Path | str) -> dict[str, dict[str, Any]]:
+    "Module -> {NAME: value} for each module-level name in capitals bound to a literal in `package`'s `*.py` files."
+    out = {}
+    for f in sorted(Path(package).glob("*.py")):
+        for node in ast.parse(f.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) and node.value else None
+            if not (isinstance(target, ast.Name) and target.id.lstrip("_").isupper()): continue
+            try: out.setdefault(f.stem, {})[target.id] = ast.literal_eval(node.value)
+            except ValueError: continue  # bound to an expression, not a literal
+    return out
+
+
 def repo_sources(root: Path | str) -> Sources:
-    """Every number a repository's prose may cite: `reports/**/{metrics,figures}.json`, the profiles' values and the
-    paper's numbers."""
+    """Every number a repository's prose may cite: `reports/**/{metrics,figures}.json`, the profiles' values, the
+    paper's numbers and the code's constants."""
     from afm.core import load_profiles
     root = Path(root)
     files = [*root.glob("reports/**/metrics.json"), *root.glob("reports/**/figures.json"),
              root / "afm" / "paper_results.json"]
-    return sources(*(json.loads(f.read_text()) for f in files if f.is_file()), load_profiles(root / "settings.ini"))
+    constants = [{k: v} for c in code_constants(root / "afm").values() for k, v in c.items()]  # one by one: no means
+    return sources(*(json.loads(f.read_text()) for f in files if f.is_file()), load_profiles(root / "settings.ini"),
+                   *constants)

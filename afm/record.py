@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import re
@@ -16,8 +15,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
+from .core import RunFolder, read_json
+
 # %% auto #0
-__all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'git_commit', 'read_json',
+__all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'git_commit', 'chapter_folder',
            'previous_record']
 
 # %% ../nbs/11b_record.ipynb #970e6794
@@ -87,15 +88,9 @@ def git_commit(root: Path | str) -> str | None:
     except (OSError, subprocess.SubprocessError): return None
 
 # %% ../nbs/11b_record.ipynb #d228c5d9
-def read_json(path: Path | str, hint: str = "") -> Any:
-    """The JSON in `path` (None when there is no such file); a damaged file is a one-line ValueError naming it, and
-    `hint` (what to do)."""
-    path = Path(path)
-    if not path.is_file(): return None
-    try: return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        why = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
-        raise ValueError(f"{path} is damaged ({why})" + (f"; {hint}" if hint else "")) from None
+def chapter_folder(folder: Path | str) -> RunFolder:
+    "A chapter's reports folder as a run folder: its `run.json` holds the identity it finished with, commit and time."
+    return RunFolder(folder, done_file="run.json", identity_key="")
 
 
 def previous_record(path: Path | str, profile: str, say: bool = True) -> dict[str, Any]:

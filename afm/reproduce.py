@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -20,10 +19,10 @@ from typing import Any, Callable, Sequence
 
 from .card import write_reports
 from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
-                      load_profiles, repo_root, settings_path)
+                      load_profiles, read_json, repo_root, settings_path)
 from .prose import duration
-from .record import (chapter_modules, file_sha256, git_commit, library_sha256, machine, previous_record, read_json,
-                        versions)
+from .record import (chapter_folder, chapter_modules, file_sha256, git_commit, library_sha256, machine,
+                        previous_record, versions)
 
 # %% auto #0
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'READS', 'READS_FROM', 'QUIET_KERNEL',
@@ -47,7 +46,9 @@ def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) 
 
 # %% ../nbs/12_reproduce.ipynb #7e87bb8f
 PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
-                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"))  # prefix, module, config
+                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"),
+                   ("eval_", "afm.rollout", "RolloutConfig"),
+                   ("rl_", "afm.rollout", "RolloutConfig"))  # prefix, module, config (eval_, rl_: overlays of rollout_)
 SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")  # read by several stages and commands (`engine_max_batch`: `afm.engine_local.profile_engine`); no chapter declares them
 DRIVER_KEYS = ("expected_minutes",)  # read by `run` itself, never by a chapter (so not part of what a chapter ran with)
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
@@ -163,22 +164,22 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
 # %% ../nbs/12_reproduce.ipynb #bf2ab483
 @dataclasses.dataclass
 class Step:
-    "One chapter of a run: what it runs with (`parameters`, `stamp`), what it leaves at the notebook's defaults, and its last finished run (`done`) when it is resumed."
+    """One chapter of a run: what it runs with (`parameters`, and its whole `identity`), what it leaves at the
+    notebook's defaults, and its last finished run (`done`) when it is resumed."""
     chapter: Chapter
     notebook: Path
     parameters: dict[str, Any]
     defaults: dict[str, str]
-    stamp: dict[str, Any]
+    identity: dict[str, Any]
     done: dict[str, Any] | None = None
 
 
-def finished(folder: Path, stamp: dict[str, Any], data: Path | None = None) -> dict[str, Any] | None:
-    """The chapter's `run.json` (with its `figures`) when it finished with `stamp`, its figures are readable and `data` (what a
-    later chapter reads) is still there; else None: the chapter runs (a damaged file too)."""
-    try: ran, figures = read_json(folder / "run.json"), read_json(folder / "figures.json")
+def finished(folder: Path, identity: dict[str, Any], data: Path | None = None) -> dict[str, Any] | None:
+    """The chapter's `run.json` (with its `figures`) when it finished as `identity`, its figures are readable and `data`
+    (what a later chapter reads) is still there; else None: the chapter runs (a damaged file too)."""
+    try: ran, figures = chapter_folder(folder).finished(identity), read_json(Path(folder) / "figures.json")
     except ValueError: return None
-    if not isinstance(ran, dict) or figures is None or (data is not None and not has_data(data)): return None
-    if {k: v for k, v in ran.items() if k in stamp} != json.loads(json.dumps(stamp)): return None
+    if ran is None or figures is None or (data is not None and not has_data(data)): return None
     return {**ran, "figures": figures}
 
 # %% ../nbs/12_reproduce.ipynb #8e2d045d
@@ -188,13 +189,13 @@ def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[st
     steps, rerun = [], not resume
     for ch, nb in chapters:
         p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
-        stamp = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS}, "parameters": p,
-                 "notebook_sha256": file_sha256(nb),
-                 "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
+        identity = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS},
+                    "parameters": p, "notebook_sha256": file_sha256(nb),
+                    "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
         feeds = data_dir(ch.key, profile, root) if ch.key in READS.values() else None  # data a later chapter reads
-        done = None if rerun else finished(reports / ch.key, stamp, feeds)
+        done = None if rerun else finished(reports / ch.key, identity, feeds)
         rerun = rerun or done is None  # data flows down the table: what follows a chapter that runs runs too
-        steps.append(Step(ch, nb, p, notebook_defaults(nb, p), stamp, done))
+        steps.append(Step(ch, nb, p, notebook_defaults(nb, p), identity, done))
     return steps
 
 
@@ -203,9 +204,9 @@ def chapter_seconds(steps: Sequence[Step], reports: Path, old: dict[str, Any]) -
     known = dict(old.get("seconds") or {})
     for s in steps:
         if known.get(s.chapter.key) is None:
-            try: ran = read_json(reports / s.chapter.key / "run.json")
+            try: ran = chapter_folder(reports / s.chapter.key).done_record()
             except ValueError: continue
-            if isinstance(ran, dict) and ran.get("profile") == s.stamp["profile"] and ran.get("seconds") is not None:
+            if ran is not None and ran.get("profile") == s.identity["profile"] and ran.get("seconds") is not None:
                 known[s.chapter.key] = ran["seconds"]
     return known
 
@@ -281,7 +282,8 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             record["failed"][key] = str(e).splitlines()[0]
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
-        done.write_text(json.dumps({**step.stamp, "commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}, indent=2))
+        ran = {"commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}
+        chapter_folder(reports / key).finish(ran, step.identity)
     old = previous_record(metrics_path, profile, say=False)  # read now: another run may have written since (damage was said at the start)
     keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}  # keep the chapters this run did not touch
     record.update({k: v for k, v in old.items() if k in keep})
@@ -324,7 +326,7 @@ def cli_run(argv: list[str] | None = None) -> int:
                                 "It prints the run's expected time first (from the last run's chapter times, else the profile's "
                                 "expected_minutes) and records its wall time in metrics.json.")
     p.add_argument("--profile", default="tiny", help="a section of settings.ini (default: tiny)")
-    p.add_argument("--chapters", nargs="+", metavar="CHAPTER", help="only these chapters, e.g. 00_coa or coa (default: all)")
+    p.add_argument("--chapters", nargs="+", metavar="CHAPTER", help="only these chapters, e.g. 00_coa_masks or coa (default: all)")
     p.add_argument("--reports", help="output folder (default: <repo>/reports, or <repo>/reports/<profile> for a profile other than tiny)")
     p.add_argument("--settings", help="profiles file (default: <repo>/settings.ini)")
     p.add_argument("--no-resume", action="store_true", help="rerun chapters that already finished with the same inputs")

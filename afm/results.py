@@ -17,15 +17,15 @@ from .coa import Trajectory, segments
 from .evaluate import best_of_n, bootstrap_ci, by_task, markdown_table, pass_at_k, self_check, vote
 from .llm import count_tokens
 from .mas import MASRun
-from .rollout import prompt_messages
+from .rollout import RolloutConfig, decoding, decoding_label, prompt_messages
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['VERIFIERS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
-           'paper_results', 'ours_benchmark_rows', 'paper_table', 'suites_rows', 'ablation_rows', 'write_table',
-           'Study', 'reported_models', 'stand_in_models', 'study_models', 'efficiency_study', 'efficiency_note',
-           'tts_study', 'benchmark_study', 'report_metrics', 'scaling_figures', 'tts_rows', 'write_tables',
-           'results_figures']
+__all__ = ['VERIFIERS', 'LEGACY_DECODINGS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows',
+           'scaling_rows', 'paper_results', 'ours_benchmark_rows', 'paper_table', 'labelled_decodings', 'suites_rows',
+           'ablation_rows', 'write_table', 'Study', 'reported_models', 'stand_in_models', 'study_models',
+           'efficiency_study', 'efficiency_note', 'tts_config', 'tts_study', 'benchmark_study', 'report_metrics',
+           'scaling_figures', 'tts_rows', 'write_tables', 'results_figures']
 
 # %% ../nbs/11_results.ipynb #59af4b63
 def teacher_cost(run: MASRun, task: Task, reward: float) -> dict[str, Any]:
@@ -120,7 +120,9 @@ def ours_benchmark_rows(metrics: Mapping[str, dict]) -> list[dict]:
     for profile, m in metrics.items():
         model = (m.get("parameters") or {}).get("model", "?")
         for bench, arms in ((m.get("results") or {}).get("benchmarks") or {}).items():
-            for arm, s in arms.items(): put(profile, arm, model, bench, s["score"], s["n"], s.get("grading", "strict"))
+            for arm, s in arms.items():  # how it was graded, and sampled where the study recorded it
+                how = s.get("grading", "strict") + (f"; {decoding_label(s['decoding'])}" if s.get("decoding") else "")
+                put(profile, arm, model, bench, s["score"], s["n"], how)
         for arm, s in ((m.get("sft") or {}).get("math500") or {}).items():
             put(profile, arm, model, "math500", s["avg@k"], s["questions"], "Math-Verify")
         for k, v in (m.get("sft") or {}).items():  # another profile's recipe reported beside this one's (e.g. smol_math500_sft)
@@ -145,6 +147,24 @@ def paper_table(name: str, ours: Sequence[dict] = (), paper: Mapping | None = No
     return rows
 
 # %% ../nbs/11_results.ipynb #21cd8a0e
+LEGACY_DECODINGS = {  # (chapter key, figure) -> what the chapter's code sampled at before it recorded its decoding
+    ("sft", "test_t1_decoding"): {"temperature": 1.0, "top_p": 0.9},  # the SFT chapter typed T=1.0, top-p 0.9
+    ("rl", "test_t1_decoding"): {"temperature": 1.0, "top_p": 1.0},  # the RL chapter's test typed T=1.0, top-p 1.0
+    ("results", "tts_decoding"): {"temperature": 1.0, "top_p": 0.9}}  # test-time scaling typed T=1.0, top-p 0.9
+
+
+def labelled_decodings(record: Mapping) -> dict:
+    """`record` (a run's `metrics.json`: chapter key -> figures) with each sampled figure's decoding (`LEGACY_DECODINGS`
+    names them) and its `label` (`afm.rollout.decoding_label`): as the chapter recorded it, or, in a record made before
+    chapters recorded it, what its code sampled at then (typed in the chapter, never read from the profile)."""
+    out = dict(record)
+    for (key, name), legacy in LEGACY_DECODINGS.items():
+        if not isinstance(record.get(key), dict): continue
+        d = record[key].get(name) or legacy
+        out[key] = {**out[key], name: {**d, "label": decoding_label(d)}}
+    return out
+
+# %% ../nbs/11_results.ipynb #07e5421e
 def _fmt_ci(ci) -> str: return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—"
 
 
@@ -152,6 +172,7 @@ def suites_rows(metrics: Mapping[str, dict]) -> list[dict]:
     "Per profile and model: world-QA test success on the generated suites, its interval, questions and chance, from sft and rl figures."
     rows = []
     for profile, m in metrics.items():
+        m = labelled_decodings(m)  # what the sampled arm sampled at, for its label
         sft, rl, model = m.get("sft") or {}, m.get("rl") or {}, (m.get("parameters") or {}).get("model", "?")
         base = {"profile": profile, "model": model, "grading": "strict (a hedge scores 0)"}
         if "world_qa_sft_strict" in sft:
@@ -161,7 +182,8 @@ def suites_rows(metrics: Mapping[str, dict]) -> list[dict]:
         if "heldout_rl_greedy_mean" in rl:
             n, seeds = rl.get("heldout_questions", "?"), rl.get("seeds", 1)
             chance = round(sum(rl["chance"].values()) / len(rl["chance"]), 4) if rl.get("chance") else None
-            for mode, label in (("greedy", "greedy"), ("t1", f"T=1.0 x{rl.get('t1_samples', 1)}")):
+            t1 = f"{rl['test_t1_decoding']['label']}, x{rl.get('t1_samples', 1)}"
+            for mode, label in (("greedy", "greedy"), ("t1", t1)):
                 d = rl.get(f"paired_ci_{mode}") or {}
                 rows.append({**base, "arm": f"SFT, {label}", "data": f"{n} test questions, world QA", "world QA": rl.get(f"heldout_sft_{mode}"), "chance": chance})
                 rows.append({**base, "arm": f"RL ({seeds} seed{'s' * (seeds > 1)}, {rl.get('steps_per_seed')} steps), {label}",
@@ -174,15 +196,17 @@ def ablation_rows(metrics: Mapping[str, dict]) -> list[dict]:
     "The studies each profile ran, or says it did not: SFT with observations masked against trained, and RL against SFT by seed."
     rows = []
     for profile, m in metrics.items():
-        sft, rl = m.get("sft") or {}, m.get("rl") or {}
+        sft, rl = m.get("sft") or {}, labelled_decodings(m).get("rl") or {}
         if "heldout_sft" in sft:
             unmasked, d = sft.get("heldout_sft_unmasked"), sft.get("paired_masked_unmasked") or {}
             rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked", "A": sft["heldout_sft"], "arm B": "observations trained",
                          "B": unmasked, "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")), "questions": d.get("questions"),
                          "note": "" if unmasked is not None else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
         for key, d in (rl.get("paired_per_seed") or {}).items():  # a paired difference is RL's mean less SFT's, so RL's score is SFT's plus it
-            b = rl.get(f"heldout_sft_{key.rsplit('_', 1)[-1]}")
-            rows.append({"profile": profile, "study": f"RL - SFT, {key.replace('_', ', ')}", "arm A": "RL", "A": None if b is None else round(b + d["difference"], 4),
+            seed, mode = key.rsplit("_", 1)
+            b, how = rl.get(f"heldout_sft_{mode}"), rl["test_t1_decoding"]["label"] if mode == "t1" else mode
+            rows.append({"profile": profile, "study": f"RL - SFT, {seed}, {how}", "arm A": "RL",
+                         "A": None if b is None else round(b + d["difference"], 4),
                          "arm B": "SFT", "B": b, "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]), "questions": d["questions"]})
     return rows
 
@@ -224,8 +248,9 @@ class Study:
 def reported_models(profile: str, root: Path | str | None = None) -> Study:
     """The models chapter 10 reported for `profile` (`data/rl/<profile>/summary.json`): the SFT model RL started from
     and seed 0's RL model chosen on val, with their greedy records on the test questions RL was scored on."""
-    from afm.core import chapter, data_dir
+    from afm.core import chapter, data_dir, load_profile, settings_path
     from afm.evaluate import read_records, suite_tasks
+    from afm.world import profile_world
     path = data_dir("rl", profile, root) / "summary.json"
     if not path.is_file():
         command = f"afm run --profile {profile} --chapters {chapter('rl').notebook}"
@@ -233,22 +258,25 @@ def reported_models(profile: str, root: Path | str | None = None) -> Study:
     s = json.loads(path.read_text())
     test = s["test_records"]
     records = {"SFT": read_records(test["sft_greedy"]), "RL": read_records(test["rl0_greedy"])}
-    return Study({"SFT": Path(s["start_model"]), "RL": Path(s["chosen_models"]["0"])},
-                 suite_tasks(s["test_per_suite"], "test", s["suites"]), records, data_dir("results", profile, root))
+    world = profile_world(load_profile(profile, settings_path(root=root)), profile)  # where chapter 10 drew its tasks
+    tasks = suite_tasks(s["test_per_suite"], "test", s["suites"], *world)
+    return Study({"SFT": Path(s["start_model"]), "RL": Path(s["chosen_models"]["0"])}, tasks, records,
+                 data_dir("results", profile, root))
 
 # %% ../nbs/11_results.ipynb #0adc6895
 def stand_in_models(profile: str, box, suites: Sequence[str], per_suite: int) -> Study:
-    "CI's study: the small tool-calling model in place of both models, greedy on `per_suite` test questions a suite."
+    """CI's study: the small tool-calling model in place of both models, greedy (`eval_config`) on `per_suite` test
+    questions a suite of the profile's world."""
     import tempfile
     from afm.engine_local import profile_engine
-    from afm.evaluate import records as eval_records, suite_tasks
+    from afm.evaluate import eval_config, records as eval_records, suite_tasks
     from afm.fit import TINY_SYSTEM, tool_calling_tiny
     from afm.models import save_model
-    from afm.rollout import rollout_config
+    from afm.world import profile_world
     root = Path(tempfile.mkdtemp()) / "results"
     model = save_model(*tool_calling_tiny(), root / "stand-in")
-    tasks = suite_tasks(per_suite, "test", suites)
-    cfg = rollout_config(profile, temperature=0.0, top_p=1.0, seed=0, system=TINY_SYSTEM)
+    tasks = suite_tasks(per_suite, "test", suites, *profile_world(profile))
+    cfg = eval_config(profile, sampled=False, seed=0, system=TINY_SYSTEM)
     engine = lambda: profile_engine(model, profile)
     records = {k: eval_records(root / f"eff_{k}.jsonl", engine, tasks, box, cfg) for k in ("SFT", "RL")}
     return Study({"SFT": model, "RL": model}, tasks, records, root, TINY_SYSTEM, stand_in=True)
@@ -291,24 +319,29 @@ def efficiency_note(study: Study, profile: str, teacher_seconds: float) -> str:
             f"{teacher_seconds:.1f} s of wall time with their tools), the models' are CPU generation and tools. "
             "Grading: strict.")
 
+# %% ../nbs/11_results.ipynb #518f4e0f
+def tts_config(profile: str, system: str | None = None) -> RolloutConfig:
+    "How test-time scaling samples on `profile`: the sampling decoding of its evaluation (`eval_config`), seed 0."
+    from afm.evaluate import eval_config
+    return eval_config(profile, sampled=True, seed=0, system=system)
+
 # %% ../nbs/11_results.ipynb #38321176
 def tts_study(study: Study, profile: str, box, per_suite: int, samples: int) -> tuple[list[Task], dict, dict]:
     """Each model samples the first `per_suite` test questions of each of the study's suites `samples` times at the
-    paper's decoding (T=1.0, top-p 0.9; records in `study.root/tts_<model>.jsonl`, resumable): the tasks, the records,
-    and each model's `scaling_rows` for N = 1, 2, 3 and the powers of two up to `samples`."""
+    profile's sampling decoding (`tts_config`; records in `study.root/tts_<model>.jsonl`, resumable): the tasks, the
+    records, and each model's `scaling_rows` for N = 1, 2, 3 and the powers of two up to `samples`."""
     from afm.engine_local import profile_engine
-    from afm.evaluate import eval_key, records as eval_records, suite_tasks, weights_stamp
-    from afm.rollout import rollout_config
-    from afm.world import tool_sizes
-    tasks = suite_tasks(per_suite, "test", sorted({t.source for t in study.tasks}))
-    cfg = rollout_config(profile, temperature=1.0, top_p=0.9, seed=0, system=study.system)
+    from afm.evaluate import eval_identity, records as eval_records, suite_tasks, weights_stamp
+    from afm.world import profile_world, tool_sizes
+    tasks = suite_tasks(per_suite, "test", sorted({t.source for t in study.tasks}), *profile_world(profile))
+    cfg = tts_config(profile, study.system)
     ns = sorted({1, 2, 3, *[2 ** i for i in range(10) if 2 ** i <= samples], samples})
     records, scaling = {}, {}
     for name, folder in study.models.items():
-        key = eval_key(weights_stamp(folder), tasks, cfg, samples, tool_sizes(profile))
+        identity = eval_identity(weights_stamp(folder), tasks, cfg, samples, tool_sizes(profile))
         engine = lambda f=folder: profile_engine(f, profile)
-        records[name] = eval_records(study.root / f"tts_{name}.jsonl", engine, tasks, box, cfg, samples, key=key,
-                                     stale="restart")
+        records[name] = eval_records(study.root / f"tts_{name}.jsonl", engine, tasks, box, cfg, samples,
+                                     identity=identity, stale="restart")
         scaling[name] = scaling_rows(records[name], ns)
     return tasks, records, scaling
 
@@ -316,11 +349,11 @@ def tts_study(study: Study, profile: str, box, per_suite: int, samples: int) -> 
 def benchmark_study(study: Study, profile: str, benchmarks: Sequence[str], n: int = 0) -> dict[str, dict]:
     """The study's models on the first `n` problems (0: all) of each registered benchmark of `benchmarks`, at the
     profile's evaluation decoding and with its tools (records in `study.root/bench_*.jsonl`):
-    `{benchmark: {model: {score, n, ci95, grading}}}`."""
+    `{benchmark: {model: {score, n, ci95, grading, decoding}}}`."""
     from afm.core import load_profile
     from afm.distill import ToolboxConfig
     from afm.engine_local import profile_engine
-    from afm.evaluate import eval_config, eval_key, records as eval_records, suite_rows, weights_stamp
+    from afm.evaluate import eval_config, eval_identity, records as eval_records, suite_rows, weights_stamp
     from afm.tasks import load_benchmark
     from afm.world import tool_sizes
     if not benchmarks: return {}
@@ -329,13 +362,13 @@ def benchmark_study(study: Study, profile: str, benchmarks: Sequence[str], n: in
     for bench in benchmarks:
         tasks = load_benchmark(bench)[:n or None]
         for name, folder in study.models.items():
-            key = eval_key(weights_stamp(folder), tasks, cfg, 1, tool_sizes(profile))
+            identity = eval_identity(weights_stamp(folder), tasks, cfg, 1, tool_sizes(profile))
             engine = lambda f=folder: profile_engine(f, profile)
-            recs = eval_records(study.root / f"bench_{bench}_{name}.jsonl", engine, tasks, box, cfg, key=key,
+            recs = eval_records(study.root / f"bench_{bench}_{name}.jsonl", engine, tasks, box, cfg, identity=identity,
                                 stale="restart")
             row = suite_rows(recs, by="kind")[-1]
             scores.setdefault(bench, {})[name] = {"score": row["avg@k"], "n": row["questions"], "ci95": row["ci95"],
-                                                  "grading": "strict"}
+                                                  "grading": "strict", "decoding": decoding(cfg)}
     return scores
 
 # %% ../nbs/11_results.ipynb #a300635a
@@ -412,9 +445,11 @@ def write_tables(out: Path | str, metrics: Mapping[str, dict], tts: Sequence[dic
 # %% ../nbs/11_results.ipynb #753ef1d6
 def results_figures(eff: Sequence[dict], scaling: Mapping[str, Sequence[dict]], tts_questions: int, tts_samples: int,
                     chance: Mapping[str, float], teacher_seconds: float, benchmarks: Mapping,
-                    tables: Mapping[str, dict], root: Path | str) -> dict[str, Any]:
-    """This chapter's figures (its `figures.json`): the efficiency study against the teacher, test-time scaling,
-    benchmark scores and the tables' paths (relative to `root`, as the repository holds them)."""
+                    tables: Mapping[str, dict], root: Path | str,
+                    tts_decoding: Mapping | None = None) -> dict[str, Any]:
+    """This chapter's figures (its `figures.json`): the efficiency study against the teacher, test-time scaling (and
+    the decoding it sampled at, `tts_decoding`), benchmark scores and the tables' paths (relative to `root`, as the
+    repository holds them)."""
     coa, teacher = next(r for r in eff if r["system"] == "CoA RL"), eff[0]
     keys = ("tokens_per_task", "tokens_per_solved_task", "tool_calls_per_task", "tool_calls_per_solved_task")
     return {"tasks": teacher["tasks"], "teacher_tokens_per_task": teacher["tokens_per_task"],
@@ -426,7 +461,8 @@ def results_figures(eff: Sequence[dict], scaling: Mapping[str, Sequence[dict]], 
             "success": {r["system"]: r["success"] for r in eff},
             "seconds_per_task": {r["system"]: r["seconds_per_task"] for r in eff},
             "efficiency_by_system": {r["system"]: {k: r[k] for k in keys} for r in eff},
-            "tts_questions": tts_questions, "tts_samples": tts_samples, **scaling_figures(scaling),
+            "tts_questions": tts_questions, "tts_samples": tts_samples, "tts_decoding": dict(tts_decoding or {}),
+            **scaling_figures(scaling),
             "chance": round(sum(chance.values()) / len(chance), 4),
             "paper_token_reduction_pct": paper_results()["efficiency"]["token_reduction_pct"],
             "teacher_seconds": round(teacher_seconds, 1), "benchmarks": dict(benchmarks),

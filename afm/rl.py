@@ -15,19 +15,19 @@ from typing import Any, Sequence
 
 from fastcore.basics import patch
 
-from .core import check_fields
+from .core import RunFolder, check_fields, step_of
 from .engine import Engine
 from .rl_health import GUARDS, GuardStop, health_callback, health_sums, keep_health, log_health, read_health
 from .rollout import Episode, RolloutConfig, rollout, turn_seed
-from .tasks import Task
+from .tasks import Task, check_world
 from .tools import Toolbox
 from .training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
 from trl import GRPOTrainer
 
 # %% auto #0
-__all__ = ['CHAPTER_KEYS', 'RL_SUITES', 'CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks',
-           'overlong_penalty', 'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal',
-           'AgenticGRPOTrainer', 'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl', 'rl_candidates']
+__all__ = ['RL_SUITES', 'CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty',
+           'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer',
+           'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl', 'rl_candidates']
 
 # %% ../nbs/10a_rl.ipynb #bd45f9b6
 @dataclass(frozen=True)
@@ -48,10 +48,6 @@ class RLArgs:
     beta: float = field(default=0.0, metadata={"help": "KL coefficient against the starting model (DAPO: 0)"})
     scale_rewards: str = field(default="group", metadata={
         "help": "advantages divided by the group's std (group), the batch's (batch) or not (none)"})
-    temperature: float = field(default=1.0, metadata={
-        "help": "sampling temperature of the episodes (it replaces the rollout config's)"})
-    top_p: float = field(default=1.0, metadata={
-        "help": "nucleus sampling of the episodes; DAPO samples the full distribution (1.0), which the loss assumes"})
     dynamic_sampling: bool = field(default=True, metadata={
         "help": "drop groups whose rewards are all equal and draw others in their place"})
     max_draws: int = field(default=3, metadata={
@@ -88,8 +84,8 @@ class RLArgs:
         check_fields(self, ints={"warmup_steps": 0, "max_steps": 1, "num_generations": 2, "groups_per_step": 1,
                                  "micro_batch": 0, "max_draws": 0, "overlong_buffer": 0, "lora_r": 1, "lora_alpha": 1,
                                  "save_steps": 1, "max_batch": 1, "seed": 0},
-                     numbers={"learning_rate": "[0, 1]", "temperature": "(0, 10]", "top_p": "(0, 1]",
-                              "epsilon": "[0, 1]", "epsilon_high": "[0, 10]", "beta": "[0, 10]",
+                     numbers={"learning_rate": "[0, 1]", "epsilon": "[0, 1]", "epsilon_high": "[0, 10]",
+                              "beta": "[0, 10]",
                               "format_weight": "[0, 0.1]",
                               "guard_tool_failures": "[0, 1]", "guard_format_failures": "[0, 1]",
                               "guard_logprob_gap": "[0, inf)"})
@@ -98,17 +94,16 @@ class RLArgs:
                 raise ValueError(f"RLArgs.{name} = {getattr(self, name)!r}; use one of {', '.join(known)}")
 
 # %% ../nbs/10a_rl.ipynb #304a2878
-# the `rl_*` keys that are this chapter's parameters, not RLArgs fields
-CHAPTER_KEYS = ("rl_demo_steps", "rl_seeds", "rl_study_steps", "rl_suites", "rl_tasks_per_suite", "rl_val_per_suite",
-                "rl_choose", "rl_test_per_suite", "rl_test_samples", "rl_sft_from")
-
-
 def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
-    "Profile `profile`'s `RLArgs` (keys `rl_<field>`; the shared `seed` unless `rl_seed` is set), then `overrides`."
-    from afm.core import check_value, profile_config
+    """Profile `profile`'s `RLArgs` (keys `rl_<field>`; the shared `seed` unless `rl_seed` is set), then `overrides`.
+    Its other `rl_*` keys must be the chapter's parameters or `RolloutConfig`'s fields (any outside a clone)."""
+    from dataclasses import fields
+    from afm.core import chapter_keys, check_value, profile_config
     shared = {"seed": check_value(RLArgs, "seed", profile["seed"], f"{where}: seed")} \
         if "seed" in profile and "rl_seed" not in profile else {}
-    return profile_config(RLArgs, profile, "rl_", where=where, known=CHAPTER_KEYS, **{**shared, **overrides})
+    own = chapter_keys("rl", "rl_")
+    known = None if own is None else own | {f"rl_{f.name}" for f in fields(RolloutConfig)}
+    return profile_config(RLArgs, profile, "rl_", where=where, known=known, **{**shared, **overrides})
 
 # %% ../nbs/10a_rl.ipynb #0b301f5e
 RL_SUITES = ("world-atomic", "world-depth", "world-width", "world-compute")  # the generated QA suites
@@ -207,6 +202,7 @@ class AgenticRollout:
             self.tasks[t.id] = t
         self.pool = sorted(self.tasks)
         self.toolbox, self.config, self.args = toolbox or Toolbox(), config or RolloutConfig(), args or RLArgs()
+        check_world(self.tasks.values(), self.toolbox.world)  # tools of another world: refused before any model loads
         from afm.grading import require_judge
         # web tasks: a judge, or refused before training
         self.judge, self.runner = require_judge(list(self.tasks.values()), judge), runner
@@ -383,6 +379,9 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
     if args.vllm and not (has_gpu() and importlib.util.find_spec("vllm")):
         raise ValueError("rl_vllm = true needs vLLM on an NVIDIA GPU (pip install -e '.[gpu]' there); "
                          "on CPU set rl_vllm = false")
+    if config.temperature <= 0:  # greedy groups are one episode repeated: no advantage to learn from
+        raise ValueError(f"RL samples its episodes: rl_temperature (else rollout_temperature) = {config.temperature} "
+                         "must be above 0")
     if args.groups_per_step % world_size:
         raise ValueError(f"rl_groups_per_step = {args.groups_per_step} must be a multiple of the {world_size} "
                          "processes: each process holds whole groups")
@@ -438,29 +437,15 @@ def _identity(args: RLArgs, config: RolloutConfig, rollout_fn: AgenticRollout) -
             "tasks_sha256": hashlib.sha256(ids).hexdigest()}
 
 
-def _step_of(checkpoint: Path) -> int: return int(checkpoint.name.removeprefix("checkpoint-"))
+_FREE = ("args.max_steps",)  # what may differ between resumes: a run is extended or cut short from its checkpoints
+_MOVED = ("args.temperature", "args.top_p")  # runs before RLArgs lost them: copies of the `rollout` identity's own
 
 
-def _resume_point(out: Path, max_steps: int) -> Path | None:
-    "The newest complete checkpoint of the run in `out` at or before `max_steps`, if any."
-    done = [p for p in (out / "checkpoints").glob("checkpoint-*")
-            if p.name.removeprefix("checkpoint-").isdigit() and (p / "trainer_state.json").is_file()]
-    return max((p for p in done if _step_of(p) <= max_steps), key=_step_of, default=None)
+def _run_folder(out: Path) -> RunFolder:
+    "An RL run's folder: its identity (`_identity`) in `args.json`, its figures in `rl.json` (the identity among them)."
+    return RunFolder(out, identity_file="args.json", done_file="rl.json")
 
 # %% ../nbs/10a_rl.ipynb #a1171d05
-def _identity_gap(out: Path, identity: dict) -> str | None:
-    """What differs between the run recorded in `out/args.json` and `identity`, in a few words; None when they agree.
-    `max_steps` may differ: the learning rate is constant after warmup, so step k of a longer run is step k of a shorter
-    one, and a run may be extended or cut short from its checkpoints."""
-    there = json.loads((out / "args.json").read_text()) if (out / "args.json").is_file() else None
-    if there is None: return "no args.json says which"
-    differ = [f"rl_{k}" for k in identity["args"]
-              if k != "max_steps" and there.get("args", {}).get(k) != identity["args"][k]]
-    differ += [f"rollout_{k}" for k in identity["rollout"] if there.get("rollout", {}).get(k) != identity["rollout"][k]]
-    differ += ["the task set"] * (there.get("tasks_sha256") != identity["tasks_sha256"])
-    return f"{', '.join(differ)} differ" if differ else None
-
-
 def _mean(rows: list[dict], key: str) -> float | None:
     "The mean of a health column over the logged steps."
     vals = [r[key] for r in rows if r.get(key) is not None]
@@ -471,32 +456,29 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
              toolbox: Toolbox | None = None, model=None, tokenizer=None, judge=None, runner=None,
              progress: bool = True) -> dict:
     """RL from `args.model` (or `model` and `tokenizer`, already loaded) on `tasks` into `out`, resuming from its newest
-    checkpoint; the model (LoRA merged) in `out/model`, the figures in `out/rl.json`, the health log in
-    `out/health.csv`. A finished run with the same settings and tasks is not run again. `max_steps` may change between
-    resumes (the learning rate is constant after warm-up): a longer run goes on from the newest checkpoint, a shorter
-    one from the newest at or before its end, and a checkpoint at the end is the final model without another step.
+    checkpoint; its episodes run and sample as `config` says (RL's: `rollout_config(profile, "rl")`); the model (LoRA
+    merged) in `out/model`, the figures in `out/rl.json`, the health log in `out/health.csv`. A finished run with the
+    same settings and tasks is not run again. `max_steps` may change between resumes (the learning rate is constant
+    after warm-up): a longer run goes on from the newest checkpoint, a shorter one from the newest at or before its
+    end, and a checkpoint at the end is the final model without another step.
     Raises `GuardStop` when the guard stopped the run."""
     from transformers.trainer_callback import TrainerState
     from afm.models import load
-    args, out = args or RLArgs(), Path(out)
-    config = replace(config or RolloutConfig(), temperature=args.temperature, top_p=args.top_p)
+    args, out, config = args or RLArgs(), Path(out), config or RolloutConfig()
     if (model is None) != (tokenizer is None):
         raise ValueError("train_rl: pass model and tokenizer together, or neither")
     rollout_fn = AgenticRollout(tasks, toolbox, config, args, judge, runner)
     identity = _identity(args, config, rollout_fn)
-    done = out / "rl.json"
-    if done.is_file() and (prev := json.loads(done.read_text())).get("identity") == identity:
-        return prev | {"already_finished": True}
-    last = _resume_point(out, args.max_steps)
-    if last and (gap := _identity_gap(out, identity)):  # never resume another run's weights
-        raise ValueError(f"{out} holds checkpoints of another run ({gap}); use another folder (--out) or delete "
-                         "that one")
+    folder = _run_folder(out)
+    if (done := folder.finished(identity, _MOVED)) is not None: return done | {"already_finished": True}
+    folder.refuse_another(identity, _FREE + _MOVED)  # never resume another run's weights
+    last = folder.resume_point(args.max_steps)
     if model is None: model, tokenizer = load(args.model)
     trainer = rl_trainer(model, tokenizer, rollout_fn, args, out, progress)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "args.json").write_text(json.dumps(identity, indent=2))
+    folder.claim(identity, _FREE + _MOVED)
     t0 = time.perf_counter()
-    if last and _step_of(last) == args.max_steps:  # nothing left to train (the Trainer would take one more step)
+    if last and step_of(last) == args.max_steps:  # nothing left to train (the Trainer would take one more step)
         trainer._load_from_checkpoint(str(last))
         trainer.state = TrainerState.load_from_json(str(last / "trainer_state.json"))
         keep_health(out / "health.csv", args.max_steps)
@@ -545,7 +527,7 @@ def cli_rl(argv: list[str] | None = None) -> int:
     from dataclasses import asdict
     from afm.core import data_dir, parse_configs, stage_parser, stage_profile
     from afm.rollout import rollout_config
-    from afm.world import tool_sizes, world_toolbox
+    from afm.world import profile_toolbox, profile_world
     p, pre = stage_parser("afm rl", cli_rl.__doc__, RLArgs, options={
         "--suites": {"help": "suites whose rl split trains, comma-separated (default: the profile's rl_suites, "
                              "else the world QA suites)"},
@@ -563,10 +545,10 @@ def cli_rl(argv: list[str] | None = None) -> int:
         per = prof.get("rl_tasks_per_suite", 100) if a.tasks_per_suite is None else a.tasks_per_suite
         suites = check_rl_set(suites, per, where)  # before anything loads
         if not args.model: args = replace(args, model=str(sft_start(known.profile, prof)))
-        tasks = rl_tasks(suites, per, prof.get("world_scale", 1.0), prof.get("seed", 0))
-        cfg = rollout_config(prof, where, **({"system": a.system} if a.system else {}))
+        tasks = rl_tasks(suites, per, *profile_world(prof, where))  # the profile's world, and its tools below
+        cfg = rollout_config(prof, "rl", where, **({"system": a.system} if a.system else {}))
         out = Path(a.out) if a.out else data_dir("rl", a.profile) / f"seed{args.seed}"  # the chapter's run folder
-        figures = train_rl(tasks, out, args, cfg, world_toolbox(tool_sizes(prof, where)), progress=True)
+        figures = train_rl(tasks, out, args, cfg, profile_toolbox(prof, where), progress=True)
     except GuardStop as e:
         print(f"afm rl: {e}", file=sys.stderr)
         return 3

@@ -95,7 +95,7 @@ def cli_bench(argv: list[str] | None = None) -> int:
     import argparse
     from afm.fit import TINY_SYSTEM, tool_calling_tiny
     from afm.rollout import rollout_config
-    from afm.world import tool_sizes, world_toolbox
+    from afm.world import profile_toolbox, profile_world
     p = argparse.ArgumentParser(prog="afm bench rl", description=cli_bench.__doc__)
     p.add_argument("--model", default=None, help="a model folder (default: the small tool-calling model)")
     p.add_argument("--profile", default="tiny",
@@ -111,8 +111,8 @@ def cli_bench(argv: list[str] | None = None) -> int:
         from afm.models import load
         (model, tok), system = load(a.model), None
     else: (model, tok), system = tool_calling_tiny(), TINY_SYSTEM
-    cfg = rollout_config(a.profile, system=system, temperature=1.0, top_p=1.0)
-    res = bench_rl(model, tok, rl_tasks(["world-atomic"], max(a.groups, 8)), world_toolbox(tool_sizes(a.profile)), cfg,
-                   a.steps, a.groups, a.generations)
+    cfg = rollout_config(a.profile, "rl", system=system)  # RL's decoding (rl_* over rollout_* keys)
+    tasks = rl_tasks(["world-atomic"], max(a.groups, 8), *profile_world(a.profile))  # the profile's world and its tools
+    res = bench_rl(model, tok, tasks, profile_toolbox(a.profile), cfg, a.steps, a.groups, a.generations)
     print(json.dumps(res) if a.json else "\n".join(f"{k:>26}: {v}" for k, v in res.items()))
     return 0

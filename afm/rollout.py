@@ -24,9 +24,9 @@ from .tasks import Task, check_world
 from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
-__all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'ROLLOUT_PARAMETERS', 'Dialect', 'RolloutConfig', 'rollout_config',
-           'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids', 'rollout', 'sampled_answer', 'drift',
-           'bench_rollout', 'cli_bench']
+__all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'USES', 'Dialect', 'RolloutConfig', 'rollout_config', 'decoding',
+           'decoding_label', 'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids', 'rollout', 'sampled_answer',
+           'drift', 'bench_rollout', 'cli_bench']
 
 # %% ../nbs/08_rollout.ipynb #d1a1ec70
 SEARCH_R1_PROMPT = (  # the user turn the Search-R1 checkpoints were trained on, word for word (its "as your want" too)
@@ -87,7 +87,8 @@ class RolloutConfig:
     """Budgets and sampling of an episode. Budgets: `max_turns`, `max_tool_calls`, `max_new_tokens`, `max_tokens_per_turn`;
     sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`, `prompt_layout`; tools: `tool_timeout_s`;
     the text protocol: `dialect` (`DIALECTS`).
-    A profile sets them as `rollout_<field>` keys (`rollout_config`)."""
+    A profile sets them as `rollout_<field>` keys; evaluation and RL depart from them with `eval_<field>` and
+    `rl_<field>` keys (`rollout_config`)."""
     max_turns: int = field(default=8, metadata={"help": "generation calls (turns) of an episode"})
     max_tool_calls: int = field(default=6, metadata={"help": "tool calls of an episode; the model's next call ends it"})
     max_new_tokens: int = field(default=1024, metadata={"help": "tokens the model samples in an episode, observations not counted"})
@@ -116,17 +117,36 @@ class RolloutConfig:
         if DIALECTS[self.dialect].prompt is not None and self.system is not None:
             raise ValueError(f"RolloutConfig: the {self.dialect} dialect asks in its checkpoints' own prompt; system must be None")
 
+# %% ../nbs/08_rollout.ipynb #3aa12872
+USES = {"eval": "evaluate", "rl": "rl"}  # a use of the rollout config -> the chapter whose `<use>_*` parameters share its prefix
 
-ROLLOUT_PARAMETERS = ("rollout_bench_tasks",)  # `rollout_*` profile keys that are this chapter's own parameters, not config fields
 
-
-def rollout_config(profile: str | dict = "tiny", where: str | None = None, **overrides) -> RolloutConfig:
-    "The `RolloutConfig` of a profile (its name in settings.ini, or its keys): its `rollout_*` keys and `system_style`, then `overrides`."
-    from afm.core import load_profile, profile_config
+def rollout_config(profile: str | dict = "tiny", use: str | None = None, where: str | None = None,
+                   **overrides) -> RolloutConfig:
+    """The `RolloutConfig` of a profile (its name in settings.ini, or its keys): its `rollout_*` keys and `system_style`,
+    then for `use` (`"eval"` or `"rl"`, `USES`) its `<use>_<field>` keys over them, then `overrides`."""
+    from afm.core import chapter_keys, load_profile, profile_config
+    if use is not None and use not in USES:
+        raise ValueError(f"rollout_config: use must be None or one of {', '.join(USES)}, got {use!r}")
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    shared = {"system_style": prof["system_style"]} if "system_style" in prof else {}
     where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
-    return profile_config(RolloutConfig, prof, "rollout_", where=where, known=ROLLOUT_PARAMETERS, **{**shared, **overrides})
+    shared = {"system_style": prof["system_style"]} if "system_style" in prof else {}
+    # the `rl_*` keys that are no field here are RLArgs's (a later chapter): `afm.rl.rl_args` checks them
+    over = {"overlay": f"{use}_", "overlay_known": chapter_keys(USES[use], f"{use}_") if use == "eval" else None} \
+        if use else {}
+    return profile_config(RolloutConfig, prof, "rollout_", where, chapter_keys("rollout", "rollout_"), **over,
+                          **{**shared, **overrides})
+
+# %% ../nbs/08_rollout.ipynb #8ca10bb3
+def decoding(config: RolloutConfig) -> dict[str, float]:
+    "How `config` samples, as a chapter records it beside a figure measured with it: its temperature and top-p."
+    return {"temperature": config.temperature, "top_p": config.top_p}
+
+
+def decoding_label(d: dict) -> str:
+    "A recorded decoding (`decoding`) as a label says it: `temperature 1.0, top-p 0.9`, or `greedy` at temperature 0."
+    num = lambda v: f"{v:.1f}" if round(v, 1) == v else f"{v:g}"
+    return "greedy" if d["temperature"] == 0 else f"temperature {num(d['temperature'])}, top-p {num(d['top_p'])}"
 
 # %% ../nbs/08_rollout.ipynb #161fe3fe
 @dataclass

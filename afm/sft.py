@@ -13,22 +13,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .coa_masks import IGNORE_INDEX
-from .core import check_fields
+from .core import RunFolder, check_fields
 from .sft_data import SEGMENT_ATTENTION, packed_rows, register_segment_attention, sft_dataset, sft_rows
 from .training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
 
 # %% auto #0
-__all__ = ['MAX_LENGTH', 'OPTIMIZERS', 'CHAPTER_KEYS', 'ELAPSED', 'known_schedulers', 'known_attentions', 'SFTArgs', 'sft_args',
-           'data_digest', 'run_identity', 'identity_gap', 'finished_run', 'check_context', 'sharded', 'load_dtype',
-           'batch_geometry', 'sft_split', 'muon_adamw', 'sft_trainer', 'sft_card', 'train_sft', 'plot_losses']
+__all__ = ['MAX_LENGTH', 'OPTIMIZERS', 'ARGS_DEFAULTS', 'ELAPSED', 'known_schedulers', 'known_attentions', 'SFTArgs', 'sft_args',
+           'data_digest', 'run_identity', 'sft_folder', 'check_context', 'sharded', 'load_dtype', 'batch_geometry',
+           'sft_split', 'muon_adamw', 'sft_trainer', 'sft_card', 'train_sft', 'plot_losses']
 
 # %% ../nbs/09b_sft.ipynb #80506c72
 MAX_LENGTH = 2 ** 20  # tokens: beyond any context here, and a packed row that long would not fit in memory anyway
 OPTIMIZERS = ("adamw", "muon")
-# the `sft_*` profile keys the chapter reads itself: not fields of SFTArgs
-CHAPTER_KEYS = ("sft_demo_steps", "sft_val_per_suite", "sft_choose", "sft_test_per_suite", "sft_test_max_new_tokens",
-                "sft_fewshot", "sft_ablation", "sft_math500", "sft_rollout_bench_tasks", "sft_also",
-                "sft_floor_per_suite")
 
 # %% ../nbs/09b_sft.ipynb #9646bee3
 def known_schedulers() -> list[str]:
@@ -130,10 +126,11 @@ class SFTArgs:
 def sft_args(profile: dict, where: str = "settings.ini", **overrides) -> SFTArgs:
     """Profile `profile`'s `SFTArgs` (keys `sft_<field>`; shared `model` and `seed` unless overridden there), then
     `overrides`."""
-    from afm.core import check_value, profile_config
+    from afm.core import chapter_keys, check_value, profile_config
     shared = {k: check_value(SFTArgs, k, profile[k], f"{where}: {k}")
               for k in ("model", "seed") if k in profile and f"sft_{k}" not in profile}
-    return profile_config(SFTArgs, profile, "sft_", where=where, known=CHAPTER_KEYS, **{**shared, **overrides})
+    known = chapter_keys("sft", "sft_")  # the SFT chapter's parameters (09c_sft_recipe): its own keys
+    return profile_config(SFTArgs, profile, "sft_", where=where, known=known, **{**shared, **overrides})
 
 # %% ../nbs/09b_sft.ipynb #ab8dfa48
 def data_digest(data) -> dict:
@@ -153,33 +150,14 @@ def run_identity(args: SFTArgs, data) -> dict:
     return {"args": asdict(args), "data": data_digest(data)}
 
 # %% ../nbs/09b_sft.ipynb #bbfce1fa
-def identity_gap(there: dict, here: dict) -> str | None:
-    """What differs between the identity a folder holds (`there`) and this run's (`here`), in a few words; None when
-    nothing does."""
-    if there.get("data") != here["data"]:
-        old = there.get("data") or {}
-        return (f"other data ({old.get('rows')} rows, sha256 {str(old.get('sha256'))[:12]} there; "
-                f"{here['data']['rows']} rows, sha256 {here['data']['sha256'][:12]} here)")
-    old = there.get("args") or {}
-    # a field added since, at its default, is what that run did
-    added = {k: f.default for k, f in SFTArgs.__dataclass_fields__.items() if k not in old}
-    diff = [f"{k} {old.get(k)!r} there, {v!r} here" for k, v in here["args"].items() if old.get(k, added.get(k)) != v]
-    return f"other settings ({'; '.join(diff[:4])}{' …' if len(diff) > 4 else ''})" if diff else None
+def sft_folder(out: Path | str) -> RunFolder:
+    """The run folder of a stage: its identity (`run_identity`) in `args.json` from the moment training starts, its
+    figures in `sft.json` when it ends (the identity among them, at their top level), its checkpoints."""
+    return RunFolder(out, identity_file="args.json", done_file="sft.json", identity_key="")
 
 # %% ../nbs/09b_sft.ipynb #cbf9f3e6
-def finished_run(out: Path, identity: dict) -> dict | None:
-    """The figures of the finished run in `out` when it is this one (`identity`); None when `out` holds no run or an
-    unfinished run of this identity; a ValueError naming the folder and the difference when it holds another run."""
-    done, started = out / "sft.json", out / "args.json"
-    if done.is_file() and (out / "model" / "config.json").is_file():
-        there, what = json.loads(done.read_text()), "a finished run"
-    elif started.is_file(): there, what = json.loads(started.read_text()), "a run"
-    elif (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
-        there, what = {}, "checkpoints of an unknown run"
-    else: return None
-    if gap := identity_gap(there, identity):
-        raise ValueError(f"{out} holds {what} of {gap}; use another output folder or delete it")
-    return there if what == "a finished run" else None
+# a field added to SFTArgs since a run was made counts at its default, the behaviour that run had (`missing`)
+ARGS_DEFAULTS = {f"args.{k}": f.default for k, f in SFTArgs.__dataclass_fields__.items()}
 
 # %% ../nbs/09b_sft.ipynb #97be24a0
 def check_context(args: SFTArgs, model=None) -> None:
@@ -412,7 +390,6 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     the last resume. The weights load last, in `load_dtype`, after the trainer's configuration exists (DeepSpeed
     ZeRO-3 then loads each rank's shard alone)."""
     import datasets
-    from transformers.trainer_utils import get_last_checkpoint
     from afm.models import load, load_tokenizer
     args, out = args or SFTArgs(), Path(out)
     if args.copy_steps or args.lm_epochs or args.lm_max_steps > 0:
@@ -423,8 +400,11 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     check_context(args, model)
     check_reporter(args.report_to)
     identity = run_identity(args, data)  # reads every row: a bad path or file fails here, before anything loads
-    if (done := finished_run(out, identity)) is not None: return done | {"already_finished": True}
-    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    folder = sft_folder(out)
+    if (out / "model" / "config.json").is_file() and (done := folder.finished(identity, missing=ARGS_DEFAULTS)):
+        return done | {"already_finished": True}
+    folder.refuse_another(identity, missing=ARGS_DEFAULTS)  # never resume or overwrite another run
+    last = folder.resume_point()
     if last and args.save_only_model:
         raise ValueError(f"{out}: its checkpoints hold weights only (sft_save_only_model = true), so the run cannot "
                          f"resume; delete {out / 'checkpoints'} to train it again from the start")
@@ -448,8 +428,8 @@ def train_sft(data, out: Path | str, args: SFTArgs | None = None, model=None, to
     trainer.add_callback(clock := _elapsed_callback(before))
     out.mkdir(parents=True, exist_ok=True)
     # only now: a run that failed before training leaves nothing behind
-    (out / "args.json").write_text(json.dumps(identity, indent=2))
-    result = trainer.train(resume_from_checkpoint=last)
+    folder.claim(identity, missing=ARGS_DEFAULTS)
+    result = trainer.train(resume_from_checkpoint=str(last) if last else None)
     figures = identity | batch | {
         "rows": len(ds), "train_rows": len(train), "val_rows": len(val) if val is not None else 0,
         "skipped": {k: len(v) for k, v in skipped.items()}, "resumed_from": Path(last).name if last else None,

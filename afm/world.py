@@ -15,7 +15,7 @@ from .search import Document
 
 # %% auto #0
 __all__ = ['WORLD_HOST', 'Entity', 'WorldConfig', 'World', 'make_world', 'scaled_config', 'default_world', 'world_documents',
-           'world_name', 'ToolSizes', 'tool_sizes', 'world_toolbox']
+           'world_name', 'ToolSizes', 'tool_sizes', 'world_toolbox', 'profile_world', 'profile_toolbox']
 
 # %% ../nbs/03a_world.ipynb #d025967f
 _ONSETS = "b br c d dr f g gr h k kl l m n p pr r s st t tr v vr z".split()
@@ -267,3 +267,20 @@ def world_toolbox(sizes: ToolSizes | None = None, scale: float = 1.0, seed: int 
     search = SearchConfig(index=default_index(extra=world_documents(scale, seed)), web_k=z.web_k, snippet_chars=z.snippet_chars,
                           wiki_k=z.wiki_k, wiki_chars=z.wiki_chars)
     return Toolbox([search, CrawlConfig(summary_chars=z.summary_chars)], world=world_name(scale, seed), **kwargs)
+
+
+def profile_world(profile: str | dict = "tiny", where: str | None = None) -> tuple[float, int]:
+    """The world of a profile (its name in settings.ini, or its keys): its `world_scale` (default 1.0) and `seed`
+    (default 0), checked. Its tasks are drawn from this world (`suite_tasks(..., *profile_world(p))`) and its tools
+    search it (`profile_toolbox`)."""
+    from afm.core import check_range, load_profile
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
+    scale = check_range(f"{where}: world_scale", prof.get("world_scale", 1.0), "(0, 100]")
+    return float(scale), check_range(f"{where}: seed", prof.get("seed", 0), 0, whole=True)
+
+
+def profile_toolbox(profile: str | dict = "tiny", where: str | None = None, **kwargs):
+    """The toolbox of a profile: its tool sizes (`tool_sizes`) over the pages of its world (`profile_world`), the one
+    every chapter and command that rolls out a profile's generated suites uses; `kwargs` go to `Toolbox`."""
+    return world_toolbox(tool_sizes(profile, where), *profile_world(profile, where), **kwargs)

@@ -3,8 +3,9 @@ localhost and read in headless Chromium over the DevTools protocol (the helpers 
 
 Asserts what a reader sees: each task with every source that holds it, steps in their roles' colours, observations marked
 as masked, format problems, model output shown as text (never markup), filters by suite, outcome and source that change
-what is shown, and no request leaving localhost. The browser tests skip, with the reason, only where Debian's `chromium`
-(or websocket-client) is absent.
+what is shown, and no request leaving localhost; a lone surrogate in a record shown escaped, and a record afm would not
+write refused in one line naming its file and line. The browser tests skip, with the reason, only where Debian's
+`chromium` (or websocket-client) is absent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +26,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed here "
                                     "(`make install` installs it with apt-get, which needs root)")
 EVIL = "</script><script>alert(1)</script><img src=http://example.com/x.png> & <!--"
+LONE = "half a pair: \ud83d, then text"  # a lone surrogate: JSON carries it (as an escape), UTF-8 has no bytes for it
+AFM = str(Path(sys.executable).with_name("afm"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _episode(traj, cut=None):
@@ -38,7 +43,8 @@ def _episode(traj, cut=None):
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict:
     """Real sources: the offline teacher on one task per suite (`afm.distill`), and a model's records made by
-    `afm.evaluate.grade_episode` (every other kept trajectory whole, the rest cut short), one of them with hostile text."""
+    `afm.evaluate.grade_episode` (every other kept trajectory whole, the rest cut short), one of them with hostile text
+    and a lone surrogate."""
     from afm.coa import Trajectory
     from afm.distill import DistillConfig, distill
     from afm.evaluate import grade_episode
@@ -49,7 +55,8 @@ def sources(tmp_path_factory) -> dict:
     kept = [Trajectory.from_json(json.loads(l)["trajectory"]) for l in (d / "distill" / "sft.jsonl").read_text().splitlines()]
     recs = [grade_episode(tasks[t.task_id], _episode(t, None if i % 2 == 0 else 300)) for i, t in enumerate(kept)]
     evil = recs[0]["trajectory"]
-    recs[0]["trajectory"] = {**evil, "steps": [{"role": "think", "text": EVIL, "observation": None}, *evil["steps"]]}
+    recs[0]["trajectory"] = {**evil, "steps": [{"role": "think", "text": EVIL, "observation": None},
+                                               {"role": "think", "text": LONE, "observation": None}, *evil["steps"]]}
     (d / "model.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return {"dir": d, "tasks": tasks, "kept": kept, "records": recs}
 
@@ -58,9 +65,9 @@ def sources(tmp_path_factory) -> dict:
 def site(sources) -> Path:
     "The page, written by `afm browse` as a user runs it."
     d = sources["dir"]
-    r = subprocess.run([str(Path(sys.executable).with_name("afm")), "browse", "--out", str(d / "site" / "index.html"),
+    r = subprocess.run([AFM, "browse", "--out", str(d / "site" / "index.html"),
                         "--records", f"model={d / 'model.jsonl'}", "--distill", str(d / "distill")],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     return d / "site"
 
@@ -156,3 +163,43 @@ def test_docs_site_links_the_page(tmp_path, site):
     build.write_results(src, reports)
     assert '<a href="browse/index.html">' in (src / "results.md").read_text()
     assert build.copy_browse(reports, html) and (html / "browse" / "index.html").read_bytes() == (site / "index.html").read_bytes()
+
+
+def test_a_lone_surrogate_is_written_escaped(sources, site):
+    """A record holding a lone surrogate (it used to fail the page's write with a bare UnicodeEncodeError): the page is
+    written, UTF-8 through and through, the surrogate is the escape `\\ud83d` in its data, and the data reads back
+    unchanged."""
+    assert "\\ud83d" in (sources["dir"] / "model.jsonl").read_text()  # the records file holds it as JSON writes it
+    html = (site / "index.html").read_bytes().decode("utf-8")
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S)[1])
+    steps = [s[1] for t in data["tasks"] for v in t["views"] if v["source"] == "model" for s in v["steps"]]
+    assert LONE in steps and "\\ud83d" in html
+
+
+@needs_chromium
+def test_a_lone_surrogate_shows_as_its_escape(page):
+    texts = page.js("[...document.querySelectorAll('.view[data-source=model] .step pre')].map(p => p.textContent)")
+    assert "half a pair: \\ud83d, then text" in texts, [t for t in texts if t.startswith("half")]
+    assert "\ufffd" not in page.js("document.body.innerText")  # not a replacement character
+
+
+@pytest.mark.parametrize("sample", ["1", 1.5, -1, True, None])
+def test_a_record_afm_would_not_write_is_refused_in_one_line(sources, tmp_path, sample):
+    """A `sample` that is no whole number from 0 (a string beside numbers crashed the sort of a task's views): refused,
+    as `afm.evaluate.read_records` refuses such a record as damaged, in one line naming the file and line, before any
+    page is written."""
+    from afm.browse import collect
+    from afm.evaluate import read_records
+    rec = sources["records"][0]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "sample": sample}) + "\n")
+    says = f"{path}:2: a damaged record: sample must be a whole number from 0, got {sample!r}"
+    with pytest.raises(ValueError) as e: collect({"mixed": path})
+    assert str(e.value) == says
+    with pytest.raises(ValueError, match="a damaged record"): read_records(path)  # afm's own reader agrees
+    if sample == "1":  # a string beside an int: the case that was a TypeError traceback; the real command
+        out = tmp_path / "site" / "index.html"
+        r = subprocess.run([AFM, "browse", "--out", str(out), "--records", f"mixed={path}"],
+                           capture_output=True, text=True, timeout=300, env=ENV)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and not out.exists()

@@ -76,7 +76,8 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("afm eval: ValueError: ") \
         and f"{whole}:3: a damaged record" in r.stderr, r.stderr[-1000:]
     r = afm(*eval_args(tiny_folder, killed)[:-2], "--max-new-tokens", "41", "--out", str(killed))
-    assert r.returncode == 1 and "made otherwise (rollout differ)" in r.stderr, r.stderr[-1000:]
+    says = "made otherwise (rollout.max_new_tokens: 40 there, 41 here)"  # the identity's one difference, named
+    assert r.returncode == 1 and says in r.stderr, r.stderr[-1000:]
 
 
 def read(path):
@@ -99,7 +100,8 @@ def served_tiny():
     from afm.engine_local import EngineBackend
     from afm.fit import tool_calling_tiny
     from afm.llm import serve_in_thread
-    from afm.serve import BatchingEngine, serve_chat
+    from afm.serve import BatchingEngine
+    from afm.serve_app import serve_chat
     model, tok = tool_calling_tiny()
     engine = TransformersEngine(model, tok, max_batch=1)
     server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(engine))))
@@ -140,16 +142,16 @@ def test_a_failing_endpoint_leaves_its_pairs_to_the_rerun(served_tiny, tmp_path,
     """`records` through an endpoint that fails after three requests (HTTP 500, a page of HTML, a text that is no
     string): the episodes it failed are not written, `MissingRecords` says how many and why once the others are
     saved, and the rerun against the mended endpoint ends with exactly the records of an uninterrupted run."""
-    from afm.evaluate import MissingRecords, eval_key, read_records, records, suite_tasks
+    from afm.evaluate import MissingRecords, eval_identity, read_records, records, suite_tasks
     from afm.fit import TINY_SYSTEM
     from afm.rollout import rollout_config
-    from afm.serve import OpenAIEngine
+    from afm.serve_client import OpenAIEngine
     from afm.world import tool_sizes, world_toolbox
     url, tok, context = served_tiny
     tasks, box = suite_tasks(3, "val", ["world-atomic"]), world_toolbox(tool_sizes("tiny"))
     cfg = rollout_config("tiny", temperature=1.0, top_p=1.0, seed=0, system=TINY_SYSTEM, max_new_tokens=60,
                          max_tokens_per_turn=40)
-    key = eval_key({"model": "tiny", "weights": None}, tasks, cfg, 2)
+    key = eval_identity({"model": "tiny", "weights": None}, tasks, cfg, 2)
     broken = [True]
     server, stub_url = stub(url, lambda n: failure(kind) if broken[0] and n > 3 else None)
     engine = lambda: OpenAIEngine(stub_url, "tiny", tok, context=context, backoff_s=0.01)
@@ -248,7 +250,7 @@ def test_eval_over_a_served_model(tiny_folder, tmp_path):
     r = afm("eval", *args, "--out", str(tmp_path / "local.jsonl"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert pairs(tmp_path / "served.jsonl") == pairs(tmp_path / "local.jsonl")
-    key = json.loads((tmp_path / "served.key.json").read_text())
+    key = json.loads((tmp_path / "served.identity.json").read_text())
     assert key["model"] == f"{tiny_folder}@{url}" and key["weights"] is None
 
 
@@ -295,12 +297,13 @@ def test_dtype_and_released_layout_reach_the_records(tiny_folder, tmp_path):
     r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
             "--device", "cpu", "--dtype", "bfloat16", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
-    key = json.loads(out.with_suffix(".key.json").read_text())
+    key = json.loads(out.with_suffix(".identity.json").read_text())
     assert key["engine"] == {"engine": "hf", "device": "cpu", "dtype": "bfloat16"} and key["rollout"]["prompt_layout"] == "user"
     assert key["rollout"]["temperature"] == 0.0  # one sample on tiny: greedy (eval_config)
     r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
             "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
-    assert r.returncode == 1 and "made otherwise (engine differ)" in r.stderr, r.stderr[-1000:]
+    says = 'made otherwise (engine.dtype: "bfloat16" there, "float32" here)'  # the identity's one difference, named
+    assert r.returncode == 1 and says in r.stderr, r.stderr[-1000:]
 
 
 def test_a_corpus_of_your_own_is_the_tools(tiny_folder, tmp_path):
@@ -311,5 +314,5 @@ def test_a_corpus_of_your_own_is_the_tools(tiny_folder, tmp_path):
     r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "40",
             "--system", "Search, then answer.", "--corpus", str(docs), "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
-    key = json.loads(out.with_suffix(".key.json").read_text())
+    key = json.loads(out.with_suffix(".identity.json").read_text())
     assert key["toolbox"]["corpus"] == str(docs) and not key["toolbox"]["online"] and len(pairs(out)) == 2

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
 from afm.engine import TransformersEngine
 from afm.engine_local import EngineBackend
-from afm.serve import serve_chat
+from afm.serve_app import serve_chat
 from afm.mas import ROLE_PROMPTS
 from afm.models import tiny_chat_model
 

@@ -114,7 +114,7 @@ def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, j
     assert "Search, then answer.\n\n" in first and "system" not in first.split("Search, then answer.")[0].lower()  # the user-turn layout
     # the records: every pair, graded; the key says how they were made
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    key = json.loads(out.with_suffix(".key.json").read_text())
+    key = json.loads(out.with_suffix(".identity.json").read_text())
     assert len(recs) == 8 and all(isinstance(r["reward"], float) and 0.0 <= r["reward"] <= 1.0 for r in recs)
     assert key["rollout"]["temperature"] == 1.0 and key["rollout"]["top_p"] == 0.9 and key["rollout"]["max_turns"] == 36
     assert key["rollout"]["prompt_layout"] == "user" and key["judge"] == "tiny-judge" and key["model"] == f"{tiny_folder}@{p_url}/v1"
@@ -207,7 +207,7 @@ def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_pa
     firsts = [b["prompt"] for b in completions if b["prompt"] in asked]
     assert len(firsts) == len(tasks)  # each episode began with the checkpoints' prompt alone in the user turn, as token ids
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    key = json.loads(out.with_suffix(".key.json").read_text())
+    key = json.loads(out.with_suffix(".identity.json").read_text())
     assert len(recs) == 6 and key["rollout"]["dialect"] == "search-r1" and all(isinstance(r["reward"], float) for r in recs)
     searched = [r for r in recs if r["tool_calls"]]
     assert searched, "no episode searched: the fitted model did not speak the protocol"

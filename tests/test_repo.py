@@ -151,7 +151,8 @@ def _paper_configs(name: str, profile: dict) -> dict:
     from afm.sft import sft_args
     where = f"settings.ini [{name}]"
     return {"profile": profile, "sft": vars(sft_args(profile, where)), "rl": vars(rl_args(profile, where)),
-            "rollout": vars(rollout_config(profile, where)), "eval": vars(eval_config(profile, where=where))}
+            "rollout": vars(rollout_config(profile, where=where)), "rl_rollout": vars(rollout_config(profile, "rl", where)),
+            "eval": vars(eval_config(profile, where=where))}
 
 
 @pytest.mark.parametrize("name", [n for n in load_profiles(REPO / "settings.ini") if n.startswith("paper-")])
@@ -167,6 +168,23 @@ def test_paper_profiles_hold_the_papers_numbers(name):
     assert not wrong, "\n".join(wrong)
     rl, rollout = configs["rl"], configs["rollout"]
     assert rl["overlong_buffer"] * 8 == rollout["max_new_tokens"]  # section 5: the overlong penalty starts at 7/8 of the length
+
+
+def test_each_setting_has_one_owner():
+    """Decoding and budgets are set once, as `rollout_*` keys, with `eval_*` and `rl_*` keys for RolloutConfig's fields
+    over them (`afm.rollout.rollout_config`): no other key of a profile repeats one (`sft_test_max_new_tokens` is CI's cap
+    and None in every profile), and RL samples the whole distribution in every profile, as RLArgs' defaults did."""
+    from dataclasses import fields
+    from afm.evaluate import eval_config
+    from afm.rollout import RolloutConfig, rollout_config
+    names = [f.name for f in fields(RolloutConfig)]
+    for name, profile in load_profiles(REPO / "settings.ini").items():
+        stray = [k for k, v in profile.items() if v is not None and k.endswith(tuple(f"_{n}" for n in names))
+                 and not k.startswith(("rollout_", "eval_", "rl_"))]
+        assert not stray, f"profile {name}: {stray} repeat a rollout setting; set it as rollout_*, eval_* or rl_*"
+        rl, sampled = rollout_config(profile, "rl"), eval_config(profile, sampled=True)
+        assert (rl.temperature, rl.top_p) == (1.0, 1.0), name  # DAPO samples the full distribution
+        assert (sampled.temperature, sampled.top_p) == (1.0, 0.9), name  # SFT's and RL's sampled tests, alike
 
 
 def test_every_paper_number_names_a_real_field():

@@ -57,7 +57,7 @@ def _weights(folder):
     return load_file(str(Path(folder) / "model.safetensors"))
 
 
-def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
+def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, capsys):
     from afm.rl import cli_rl
     from afm.rl_health import read_health
     steps = ["--max_steps", "4"]
@@ -81,7 +81,10 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup):
     assert any((wb[n] - start[n]).abs().max() > 1e-6 for n in wb)  # RL moved the weights
     assert all((wa[n] - wb[n]).abs().max() < 1e-4 for n in wa)  # and the resumed run moved them the same way
     # another run in the same folder is refused, never resumed from these checkpoints
-    assert cli_rl(_cmd(setup, out, "--max_steps", "6", "--learning_rate", "0.002")[2:]) == 1
+    capsys.readouterr()
+    assert cli_rl(_cmd(setup, out, "--max_steps", "6", "--learning_rate", "0.002")[2:]) == 1  # max_steps alone may differ
+    said = capsys.readouterr().err
+    assert f"{out} holds another run (args.learning_rate: 0.001 there, 0.002 here); use another folder" in said, said
     assert json.loads((out / "rl.json").read_text())["steps"] == 4
 
 

@@ -138,7 +138,8 @@ def client():
     from afm.engine_local import EngineBackend
     from afm.llm import serve_in_thread
     from afm.models import tiny_chat_model
-    from afm.serve import BatchingEngine, serve_chat
+    from afm.serve import BatchingEngine
+    from afm.serve_app import serve_chat
     model, tok = tiny_chat_model()
     server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(TransformersEngine(model, tok)))))
     yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)

@@ -149,7 +149,7 @@ def test_other_data_in_the_same_folder_is_refused_not_reported_finished(setup, t
     r = subprocess.run([*_cmd(setup, out, "--max_steps", "2", "--save_steps", "2"), "--data", str(other)], capture_output=True,
                        text=True, env=ENV, timeout=300)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert f"{out / 'sft'} holds a finished run of other data (12 rows" in r.stderr and "11 rows" in r.stderr, r.stderr
+    assert f"{out / 'sft'} holds another run (data.rows: 12 there, 11 here; data.sha256: " in r.stderr, r.stderr
 
 
 def test_a_resume_checks_the_data_too(setup, tmp_path):
@@ -160,7 +160,7 @@ def test_a_resume_checks_the_data_too(setup, tmp_path):
     out = tmp_path / "run"
     train_sft(rows, out, _args(setup), progress=False)
     shutil.rmtree(out / "model"); (out / "sft.json").unlink()  # what a run killed after its last checkpoint leaves
-    with pytest.raises(ValueError, match=r"holds a run of other data \(12 rows, sha256 \w+ there; 11 rows"):
+    with pytest.raises(ValueError, match=r"holds another run \(data\.rows: 12 there, 11 here; data\.sha256: "):
         train_sft(rows[1:], out, _args(setup), progress=False)
     assert train_sft(rows, out, _args(setup), progress=False)["resumed_from"] == "checkpoint-2"  # the same data resumes
 
@@ -225,7 +225,8 @@ def test_the_recipe_runs_stages_each_checking_its_own_identity(setup, tmp_path):
     assert runs["copy"]["args"]["model"] == str(setup / "model") and runs["sft"]["args"]["model"] == str(out / "copy" / "model")
     assert runs["copy"]["trained_tokens"] < runs["sft"]["trained_tokens"]  # prefixes, then whole rows
     assert all(r["already_finished"] for r in sft_recipe(setup / "rows.jsonl", out, args, progress=False).values())
-    with pytest.raises(ValueError, match=re.escape(f"{out / 'copy'} holds a finished run of other settings (max_steps 2 there, 3 here)")):
+    says = f"{out / 'copy'} holds another run (args.max_steps: 2 there, 3 here); use another folder"
+    with pytest.raises(ValueError, match=re.escape(says)):
         sft_recipe(setup / "rows.jsonl", out, _args(setup, copy_steps=3), progress=False)
     with pytest.raises(ValueError, match="train_sft trains one stage"):
         train_sft(setup / "rows.jsonl", tmp_path / "one", args, progress=False)
