@@ -39,8 +39,8 @@ def _eval_parser():
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="sampled tokens per episode (default: the profile's)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="default: the profile's evaluation decoding (eval_config): sampled at its eval_temperature, "
-                        "else rollout_temperature, with --samples above 1 or when it sets eval_temperature; else greedy")
+                   help="default: the profile's (eval_config): eval_temperature, else rollout_temperature, with "
+                        "--samples above 1 or when the profile sets eval_temperature; greedy otherwise")
     p.add_argument("--top-p", type=float, default=None,
                    help="default: that decoding's (eval_top_p, else rollout_top_p; 1 when greedy)")
     p.add_argument("--system", default=None, help="the instructions (default: the task kind's system prompt)")
@@ -217,8 +217,8 @@ def cli_eval(argv: list[str] | None = None) -> int:
         box, toolbox = _toolbox(a, tasks)  # a missing corpus or Serper key, a retriever or summariser silent: here
         over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system,
                 "prompt_layout": a.prompt_layout, "dialect": a.dialect}
-        cfg = eval_config(prof, True if n > 1 else None, f"settings.ini [{a.profile}]",  # several samples: sampled
-                          **{k: v for k, v in over.items() if v is not None})
+        sampled = True if n > 1 or (a.temperature or 0) > 0 else None  # several samples, or a temperature asked for
+        cfg = eval_config(prof, sampled, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
         make = _engine(name, a.endpoint, options, a.served_model)
         extra = {**({"toolbox": toolbox} if toolbox else {}), **({"judge": judge.model} if judge else {})}
         identity = eval_identity({**model, **extra}, tasks, cfg, n, tool_sizes(a.profile))

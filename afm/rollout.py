@@ -118,13 +118,13 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig: the {self.dialect} dialect asks in its checkpoints' own prompt; system must be None")
 
 # %% ../nbs/08_rollout.ipynb #3aa12872
-USES = {"eval": "evaluate", "rl": "rl"}  # a use of the rollout config -> the chapter whose `<use>_*` parameters share its prefix
+USES = {"eval": "evaluate", "rl": "rl"}  # a use -> the chapter whose `<use>_*` parameters share its prefix
 
 
 def rollout_config(profile: str | dict = "tiny", use: str | None = None, where: str | None = None,
                    **overrides) -> RolloutConfig:
-    """The `RolloutConfig` of a profile (its name in settings.ini, or its keys): its `rollout_*` keys and `system_style`,
-    then for `use` (`"eval"` or `"rl"`, `USES`) its `<use>_<field>` keys over them, then `overrides`."""
+    """The `RolloutConfig` of a profile (its name in settings.ini, or its keys): its `rollout_*` keys and
+    `system_style`, then for `use` (`"eval"` or `"rl"`, `USES`) its `<use>_<field>` keys over them, then `overrides`."""
     from afm.core import chapter_keys, load_profile, profile_config
     if use is not None and use not in USES:
         raise ValueError(f"rollout_config: use must be None or one of {', '.join(USES)}, got {use!r}")

@@ -30,7 +30,7 @@ def test_a_chapter_states_no_figure_the_records_lack(notebook, known):
 
 
 def test_every_chapter_is_checked():
-    "A new notebook is checked without anyone adding it; the ones left out are still there (else drop them from NOT_YET)."
+    "A new notebook is checked without anyone adding it; those left out still exist (else drop them from NOT_YET)."
     assert len(CHECKED) + len(NOT_YET) == len(list((REPO / "nbs").glob("*.ipynb"))) and "index" in CHECKED
     assert all((REPO / "nbs" / f"{stem}.ipynb").is_file() for stem in NOT_YET)
 
