@@ -18,7 +18,7 @@ QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 help:
 	@echo "make install     create $(VENV) and install afm with its pins (CPU torch 2.13.0), bubblewrap and chromium"
-	@echo "make test        nbdev sync check, nbdev-test and pytest (what CI runs)"
+	@echo "make test        ruff, nbdev sync check, nbdev-test and pytest (what CI runs)"
 	@echo "make reproduce   run the pipeline headless for PROFILE=$(PROFILE) and write reports/ (and README's results table);"
 	@echo "                 prints the expected time first, records the wall time, install included, in reports/metrics.json"
 	@echo "make docs        build the docs site into _docs/html: chapters, results, API reference (no notebook is run)"
@@ -57,6 +57,7 @@ sync: install
 	$(PY) tests/nbdev_sync.py
 
 test: install
+	$(VENV)/bin/ruff check afm tests nbs docs
 	OMP_NUM_THREADS=1 $(PY) tests/nbdev_sync.py
 	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15

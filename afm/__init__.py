@@ -3,4 +3,5 @@
 Modules:
 
 - `afm.engine`: Generation over token ids: token ids in, token ids and log-probabilities out, nothing re-tokenised; batched over one KV cache with continuous batching, a prefix cache and cancellation.
-- `afm.engine_local`: Where text and model names meet the engine of `afm.engine`, which sees only token ids: `EngineBackend` puts an engine behind the chat-backend protocol, `VLLMEngine` runs vLLM on GPUs, and `build_engine` makes an engine for a model by name or folder, on the device and in the dtype asked for."""
+- `afm.engine_local`: Where text and model names meet the engine of `afm.engine`, which sees only token ids: `EngineBackend` puts an engine behind the chat-backend protocol, `VLLMEngine` runs vLLM on GPUs, and `build_engine` makes an engine for a model by name or folder, on the device and in the dtype asked for.
+- `afm.evaluate`: Any engine on any suite or benchmark, `k` samples per task: graded records kept as JSONL that resume after a kill, pass@1, avg@k and the unbiased pass@k per suite with a 95% interval and chance beside it, Best-of-N by a verifier, a paired comparison of two models, validation that chooses and a test split that only reports; one writer per records file, and a failure of the engine never graded. The command, `afm eval`, is the sub-chapter `08a_evaluate_cli`."""

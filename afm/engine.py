@@ -1,4 +1,5 @@
-"""Generation over token ids: token ids in, token ids and log-probabilities out, nothing re-tokenised; batched over one KV cache with continuous batching, a prefix cache and cancellation.
+"""Generation over token ids: token ids in, token ids and log-probabilities out, nothing re-tokenised; batched over
+one KV cache with continuous batching, a prefix cache and cancellation.
 
 **The contract** (nanochat's: the engine knows nothing about tokenization, it is purely token id sequences). An engine
 takes `Request`s, each prompt token ids with its `SamplingParams`, and gives back one `Generation` per request: the

@@ -1,4 +1,6 @@
-"""Where text and model names meet the engine of `afm.engine`, which sees only token ids: `EngineBackend` puts an engine behind the chat-backend protocol, `VLLMEngine` runs vLLM on GPUs, and `build_engine` makes an engine for a model by name or folder, on the device and in the dtype asked for.
+"""Where text and model names meet the engine of `afm.engine`, which sees only token ids: `EngineBackend` puts an
+engine behind the chat-backend protocol, `VLLMEngine` runs vLLM on GPUs, and `build_engine` makes an engine for a
+model by name or folder, on the device and in the dtype asked for.
 
 **The contract.** The engine of `afm.engine` knows nothing about tokenization: token ids in, token ids and
 log-probabilities out. This module is where the rest comes in. A chat: `EngineBackend` turns messages into ids under the

@@ -174,7 +174,6 @@ for token in found:
     "kill_tests": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
 }
 
-
 # %% ../nbs/03c_grading_validation.ipynb #816c83ed
 def reward_hacks(entry_point: str) -> dict[str, str]:
     "Solutions that try to pass the tests of `entry_point` (a name, or `Class().method`) without solving anything."

@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import AFM, ENV, REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed here "
                                     "(`make install` installs it with apt-get, which needs root)")
 EVIL = "</script><script>alert(1)</script><img src=http://example.com/x.png> & <!--"
 LONE = "half a pair: \ud83d, then text"  # a lone surrogate: JSON carries it (as an escape), UTF-8 has no bytes for it
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _episode(traj, cut=None):

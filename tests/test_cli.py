@@ -4,12 +4,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import AFM, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-AFM = str(Path(sys.executable).with_name("afm"))
 
 
 def afm(*args, cwd=REPO, timeout=600):
@@ -56,9 +54,9 @@ def test_run_refuses_a_chapter_whose_input_is_missing(tmp_path):
     "RL without an SFT model for the profile: one line naming the chapter, the folder and the command, before anything runs."
     settings = tmp_path / "settings.ini"
     settings.write_text("[nodata]\ndescription = test\n")
-    r = afm("run", "--profile", "nodata", "--settings", str(settings), "--reports", str(tmp_path / "reports"), "--chapters", "10a_rl")
+    r = afm("run", "--profile", "nodata", "--settings", str(settings), "--reports", str(tmp_path / "reports"), "--chapters", "10c_rl_study")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert "chapter 10a_rl reads" in r.stderr and "data/sft/nodata" in r.stderr and "--chapters 09c_sft_recipe" in r.stderr
+    assert "chapter 10c_rl_study reads" in r.stderr and "data/sft/nodata" in r.stderr and "--chapters 09c_sft_recipe" in r.stderr
     assert not (tmp_path / "reports").exists()
 
 

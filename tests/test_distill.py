@@ -4,10 +4,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import datasets
 import pytest
@@ -17,10 +15,8 @@ from afm.distill import DISTILL_SUITES, read_runs
 from afm.grading import grade
 from afm.tasks import load_benchmark
 from afm.tools import TOOLS
+from conftest import AFM, ENV, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _settings(tmp_path, per_suite):

@@ -2,11 +2,9 @@
 documents served by `afm serve search`, a tiny model of this repo served by `afm serve model` as the LLM teacher, the offline
 teacher on the same tasks, and bad input refused in one line before any work starts."""
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,9 +14,8 @@ import pytest
 from afm.distill import cli_distill, read_runs
 from afm.search import Document, write_jsonl_documents
 from afm.tasks import Task, write_jsonl
+from conftest import AFM, ENV
 
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 FACTS = [("Harbourline Press", "a publishing house in Varrow", "founded", "1871"),
          ("Quellmark Observatory", "an observatory on Mount Tessel", "founded", "1902"),
          ("Orrin Vale", "a painter of river landscapes", "birth_year", "1838"),

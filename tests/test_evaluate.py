@@ -1,48 +1,41 @@
 """`afm eval` as a user runs it: killed mid-run and rerun, it ends with the records an uninterrupted run makes; bad input is one line."""
 import importlib.util
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from conftest import AFM, ENV, REPO
 
 
-@pytest.fixture(scope="module")
-def tiny_folder():
-    "The tool-calling tiny model's folder (fitted once and cached by `afm.fit`)."
-    from afm.fit import tool_calling_tiny
-    return tool_calling_tiny()[0].name_or_path
+
+QUESTIONS, SAMPLES = 50, 4  # 200 pairs: enough work that a second writer starts while the first still writes
 
 
 def eval_args(folder, out, *extra):
-    return ["eval", "--model", str(folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "20", "--k", "2",
-            "--samples", "4", "--max-new-tokens", "40", "--batch", "2", "--system", "Search, then answer.", "--out", str(out), *extra]
+    return ["eval", "--model", str(folder), "--suite", "world-atomic", "--split", "val", "--per-suite", str(QUESTIONS),
+            "--k", "2", "--samples", str(SAMPLES), "--max-new-tokens", "40", "--batch", "1", "--system",
+            "Search, then answer.", "--out", str(out), *extra]
 
 
-def afm(*args, timeout=600):
-    return subprocess.run([AFM, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV)
+def afm(*args, timeout=600, env=ENV):
+    return subprocess.run([AFM, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def pairs(path):
     return [(r["task_id"], r["sample"]) for r in map(json.loads, Path(path).read_text().splitlines())]
 
 
-def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
+def test_killed_run_resumes_to_the_uninterrupted_records(tool_caller_folder, tmp_path):
     killed, whole = tmp_path / "killed.jsonl", tmp_path / "whole.jsonl"
-    proc = subprocess.Popen([AFM, *eval_args(tiny_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([AFM, *eval_args(tool_caller_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     lock = killed.with_name("killed.jsonl.lock")  # the first writer's, naming it, once it holds the file
     while time.time() < deadline and proc.poll() is None and not (lock.is_file() and lock.read_text()):
         time.sleep(0.01)
-    second = afm(*eval_args(tiny_folder, killed))  # a second writer of the same file, while the first one writes
+    second = afm(*eval_args(tool_caller_folder, killed))  # a second writer of the same file, while the first one writes
     said = second.stderr[-1000:]
     assert second.returncode == 1 and f"is being written by process {proc.pid} on " in second.stderr, said
     assert second.stderr.strip().splitlines()[-1].startswith("afm eval: RecordsBusy: ") and proc.poll() is None
@@ -53,29 +46,29 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tiny_folder, tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed: give it more work"
     written = len(killed.read_text().splitlines())
-    assert 4 <= written < 80, written
+    assert 4 <= written < QUESTIONS * SAMPLES, written
     with open(killed, "a") as f: f.write('{"task_id": "world-atomic/')  # a write the kill cut short
-    r = afm(*eval_args(tiny_folder, killed))  # the killed writer's lock went with it
+    r = afm(*eval_args(tool_caller_folder, killed))  # the killed writer's lock went with it
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| world-atomic | 20 | 80 |" in r.stdout and "80 records in" in r.stdout
-    r = afm(*eval_args(tiny_folder, whole))
+    assert f"| world-atomic | {QUESTIONS} | {QUESTIONS * SAMPLES} |" in r.stdout and f"{QUESTIONS * SAMPLES} records in" in r.stdout
+    r = afm(*eval_args(tool_caller_folder, whole))
     assert r.returncode == 0, r.stderr[-2000:]
     got, want = pairs(killed), pairs(whole)
-    assert len(got) == len(set(got)) == 80 and set(got) == set(want)  # nothing lost, nothing repeated
+    assert len(got) == len(set(got)) == QUESTIONS * SAMPLES and set(got) == set(want)  # nothing lost, nothing repeated
     same = ("answer", "reward", "end", "format_failure", "tool_calls", "sampled_tokens")  # not seconds, which differ run to run
     strip = lambda p: {(r["task_id"], r["sample"]): ([r[k] for k in same], r["trajectory"]["steps"])
                        for r in map(json.loads, Path(p).read_text().splitlines())}
     a, b = strip(killed), strip(whole)
     assert sum(a[p] == b[p] for p in a) >= 0.9 * len(a)  # a sample's seeds come from its task and number: the same episodes
     # a rerun reads everything back; a damaged line in the middle is an error naming file:line; another key is refused
-    r = afm(*eval_args(tiny_folder, whole))
-    assert r.returncode == 0 and len(pairs(whole)) == 80
+    r = afm(*eval_args(tool_caller_folder, whole))
+    assert r.returncode == 0 and len(pairs(whole)) == QUESTIONS * SAMPLES
     lines = whole.read_text().splitlines(keepends=True)
     whole.write_text("".join(lines[:2] + ["{oops\n"] + lines[3:]))
-    r = afm(*eval_args(tiny_folder, whole))
+    r = afm(*eval_args(tool_caller_folder, whole))
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("afm eval: ValueError: ") \
         and f"{whole}:3: a damaged record" in r.stderr, r.stderr[-1000:]
-    r = afm(*eval_args(tiny_folder, killed)[:-2], "--max-new-tokens", "41", "--out", str(killed))
+    r = afm(*eval_args(tool_caller_folder, killed)[:-2], "--max-new-tokens", "41", "--out", str(killed))
     says = "made otherwise (rollout.max_new_tokens: 40 there, 41 here)"  # the identity's one difference, named
     assert r.returncode == 1 and says in r.stderr, r.stderr[-1000:]
 
@@ -179,11 +172,11 @@ def serve_model(folder, port: int = 0):
     return proc, line.split(" at ")[1].strip()
 
 
-def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tiny_folder, tmp_path):
+def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tool_caller_folder, tmp_path):
     """`afm eval --endpoint` while its `afm serve model` is killed: exit 1 naming how many pairs are missing, none
     of them written; the server restarted on its port at once, the same command ends with the uninterrupted records."""
-    server, url = serve_model(tiny_folder)
-    args = lambda out: ["eval", "--model", str(tiny_folder), "--endpoint", url, "--suite", "world-atomic",
+    server, url = serve_model(tool_caller_folder)
+    args = lambda out: ["eval", "--model", str(tool_caller_folder), "--endpoint", url, "--suite", "world-atomic",
                         "--split", "val", "--per-suite", "5", "--samples", "2", "--max-new-tokens", "40",
                         "--batch", "2", "--system", "Search, then answer.", "--out", str(out)]
     cut, whole = tmp_path / "cut.jsonl", tmp_path / "whole.jsonl"
@@ -201,12 +194,12 @@ def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tiny_folder, tmp_
     last, saved = err.strip().splitlines()[-1], read(cut)
     assert last.startswith("afm eval: MissingRecords: ") and f"{10 - len(saved)} of 10 pairs are missing" in last, last
     assert 2 <= len(saved) < 10 and all(r["end"] != "engine_error" for r in saved)
-    server, again = serve_model(tiny_folder, int(url.rsplit(":", 1)[1].split("/")[0]))  # its port, at once
+    server, again = serve_model(tool_caller_folder, int(url.rsplit(":", 1)[1].split("/")[0]))  # its port, at once
     try:
         assert again == url
         r = afm(*args(cut))
         assert r.returncode == 0 and "10 records in" in r.stdout, r.stderr[-2000:]
-        r = afm(*args(whole))
+        r = afm(*args(whole), env={k: v for k, v in ENV.items() if k != "TQDM_DISABLE"})
         assert r.returncode == 0 and "10/10" in r.stderr, r.stderr[-2000:]  # its progress bar
     finally:
         server.kill()
@@ -220,8 +213,8 @@ def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tiny_folder, tmp_
     (["--split", "sft"], "--split must be val or test, got 'sft'"),
     (["--endpoint", "http://127.0.0.1:9"], "the endpoint http://127.0.0.1:9 does not answer"),
 ])
-def test_bad_input_is_one_line(tiny_folder, tmp_path, extra, says):
-    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"), *extra)
+def test_bad_input_is_one_line(tool_caller_folder, tmp_path, extra, says):
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"), *extra)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 1 and last.startswith("afm eval: ") and says in last, r.stderr[-1000:]
     assert not (tmp_path / "r.jsonl").exists()
@@ -232,15 +225,15 @@ def test_unknown_model_is_one_line(tmp_path):
     assert r.returncode == 1 and "model folder" in r.stderr and "does not exist" in r.stderr.strip().splitlines()[-1], r.stderr[-1000:]
 
 
-def test_eval_over_a_served_model(tiny_folder, tmp_path):
+def test_eval_over_a_served_model(tool_caller_folder, tmp_path):
     "`afm serve model` in one process, `afm eval --endpoint` (the URL as the server prints it) in another: the same records as in process."
-    server = subprocess.Popen([AFM, "serve", "model", "--model", str(tiny_folder), "--port", "0"], cwd=REPO, env=ENV,
+    server = subprocess.Popen([AFM, "serve", "model", "--model", str(tool_caller_folder), "--port", "0"], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = server.stdout.readline()
         assert line.startswith("serving "), line
         url = line.split(" at ")[1].strip()
-        args = ["--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "3",
+        args = ["--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "3",
                 "--max-new-tokens", "40", "--system", "Search, then answer."]
         r = afm("eval", *args, "--endpoint", url, "--out", str(tmp_path / "served.jsonl"))
         assert r.returncode == 0, r.stderr[-2000:]
@@ -251,7 +244,7 @@ def test_eval_over_a_served_model(tiny_folder, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert pairs(tmp_path / "served.jsonl") == pairs(tmp_path / "local.jsonl")
     key = json.loads((tmp_path / "served.identity.json").read_text())
-    assert key["model"] == f"{tiny_folder}@{url}" and key["weights"] is None
+    assert key["model"] == f"{tool_caller_folder}@{url}" and key["weights"] is None
 
 
 VLLM = importlib.util.find_spec("vllm") is not None
@@ -269,10 +262,10 @@ NO_JUDGE = {k: v for k, v in ENV.items() if k not in ("AFM_JUDGE_BASE_URL", "SER
     pytest.param(["--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine with an NVIDIA GPU: '
                  'pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
 ])
-def test_engine_judge_and_layout_options_are_checked_first(tiny_folder, tmp_path, extra, says):
+def test_engine_judge_and_layout_options_are_checked_first(tool_caller_folder, tmp_path, extra, says):
     "Each refused in one line before the model loads or anything is generated (a web suite: before its first episode, no judge)."
     t0 = time.monotonic()
-    r = subprocess.run([AFM, "eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"),
+    r = subprocess.run([AFM, "eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"),
                         *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=NO_JUDGE)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode in (1, 2) and says in last, r.stderr[-1000:]
@@ -291,27 +284,27 @@ def test_the_profile_engine_key_is_honoured(tmp_path):
     assert r.returncode == 1 and "model Qwen/Qwen2.5-7B-Instruct is not on this machine" in r.stderr.strip().splitlines()[-1]
 
 
-def test_dtype_and_released_layout_reach_the_records(tiny_folder, tmp_path):
+def test_dtype_and_released_layout_reach_the_records(tool_caller_folder, tmp_path):
     "`--dtype bfloat16 --device cpu --prompt-layout user`: the records' key says how they were made, so fp32 records are not mixed in."
     out = tmp_path / "user.jsonl"
-    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
             "--device", "cpu", "--dtype", "bfloat16", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     key = json.loads(out.with_suffix(".identity.json").read_text())
     assert key["engine"] == {"engine": "hf", "device": "cpu", "dtype": "bfloat16"} and key["rollout"]["prompt_layout"] == "user"
     assert key["rollout"]["temperature"] == 0.0  # one sample on tiny: greedy (eval_config)
-    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
             "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
     says = 'made otherwise (engine.dtype: "bfloat16" there, "float32" here)'  # the identity's one difference, named
     assert r.returncode == 1 and says in r.stderr, r.stderr[-1000:]
 
 
-def test_a_corpus_of_your_own_is_the_tools(tiny_folder, tmp_path):
+def test_a_corpus_of_your_own_is_the_tools(tool_caller_folder, tmp_path):
     "`--corpus`: the tools of `afm distill` over your documents (and the world's pages, for a generated suite), named in the records' key."
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"url": "https://example.org/lumo", "title": "Lumo", "text": "Lumo was founded in 1999 in Destolmir."}) + "\n")
     out = tmp_path / "corpus.jsonl"
-    r = afm("eval", "--model", str(tiny_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "40",
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "40",
             "--system", "Search, then answer.", "--corpus", str(docs), "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     key = json.loads(out.with_suffix(".identity.json").read_text())

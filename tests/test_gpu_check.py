@@ -5,16 +5,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
+def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, tool_caller_folder):
+    import shutil
     from afm.coa import examples, render
-    from afm.fit import tool_calling_tiny
-    from afm.models import save_model
     from afm.prompts import system_prompt
-    save_model(*tool_calling_tiny(), tmp_path / "model")
+    shutil.copytree(tool_caller_folder, tmp_path / "model")
     with (tmp_path / "rows.jsonl").open("w") as f:
         for _ in range(8):
             traj = examples()["web"]

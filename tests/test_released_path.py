@@ -4,10 +4,8 @@ runs against them. What the servers receive is recorded by a pass-through proxy 
 requests as a server sees them: the profile's decoding and token ids, and the paper's judge prompt."""
 import dataclasses
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,25 +13,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import AFM, ENV, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 PROFILE = "paper-eval-afm-web-32b"
 
 
 @pytest.fixture(scope="module")
-def tiny_folder():
-    "The tool-calling tiny model's folder (fitted once and cached by `afm.fit`): the policy."
-    from afm.fit import tool_calling_tiny
-    return Path(tool_calling_tiny()[0].name_or_path)
-
-
-@pytest.fixture(scope="module")
-def judge_folder(tiny_folder, tmp_path_factory):
+def judge_folder(tool_caller_folder, tmp_path_factory):
     "The same weights with room for the judge's prompt and its two retries (RoPE positions: only the context grows)."
     import shutil
-    folder = shutil.copytree(tiny_folder, tmp_path_factory.mktemp("judge") / "model")
+    folder = shutil.copytree(tool_caller_folder, tmp_path_factory.mktemp("judge") / "model")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
     return folder
@@ -72,12 +61,14 @@ def recording_proxy(target: str):
 
 def web_copy(**kwargs):
     """world-atomic's questions as web tasks (graded by the judge), which the tiny model was fitted to search and answer;
-    their ids, and so their episodes' seeds, are world-atomic's."""
+    their ids, and so their episodes' seeds, are world-atomic's. A released benchmark belongs to no generated world, so
+    neither do they: the profile's tools (its own world, and Wikipedia) serve them."""
     from afm.tasks import load_benchmark
-    return [dataclasses.replace(t, kind="web", source="released-web") for t in load_benchmark("world-atomic", **kwargs)]
+    return [dataclasses.replace(t, kind="web", source="released-web", meta={k: v for k, v in t.meta.items() if k != "world"})
+            for t in load_benchmark("world-atomic", **kwargs)]
 
 
-def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, judge_folder, tmp_path, monkeypatch, capsys):
+def test_released_profile_decoding_token_ids_and_the_judge_prompt(tool_caller_folder, judge_folder, tmp_path, monkeypatch, capsys):
     from afm.core import load_profile
     from afm.evaluate import eval_config
     from afm.evaluate_cli import cli_eval
@@ -89,13 +80,13 @@ def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, j
     register_benchmark("released-web", web_copy)
     for k in ("AFM_JUDGE_BASE_URL", "AFM_JUDGE_MODEL", "AFM_JUDGE_API_KEY", "AFM_JUDGE_CACHE"): monkeypatch.delenv(k, raising=False)
     t0 = time.monotonic()
-    (policy, policy_url), (judge, judge_url) = serve(tiny_folder), serve(judge_folder)
+    (policy, policy_url), (judge, judge_url) = serve(tool_caller_folder), serve(judge_folder)
     proxies = []
     try:
         proxies = [recording_proxy(u.removesuffix("/v1")) for u in (policy_url, judge_url)]
         (_, p_url, p_seen), (_, j_url, j_seen) = proxies
         out = tmp_path / "released.jsonl"
-        code = cli_eval(["--profile", PROFILE, "--model", str(tiny_folder), "--endpoint", f"{p_url}/v1", "--judge-url", f"{j_url}/v1",
+        code = cli_eval(["--profile", PROFILE, "--model", str(tool_caller_folder), "--endpoint", f"{p_url}/v1", "--judge-url", f"{j_url}/v1",
                          "--judge-model", "tiny-judge", "--suite", "released-web", "--split", "val", "--per-suite", "4", "--samples", "2",
                          "--max-new-tokens", "64", "--system", "Search, then answer.", "--out", str(out)])
         said = capsys.readouterr()
@@ -109,7 +100,7 @@ def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, j
     assert all(isinstance(b["prompt"], list) and all(isinstance(i, int) for i in b["prompt"]) for b in completions)
     assert all(1 <= b["max_tokens"] <= 4096 and "</answer>" in b["stop"] for b in completions)
     assert len({b["model"] for b in completions}) == 1 and not [p for p, _ in p_seen if p == "/v1/chat/completions"]
-    tok = load_tokenizer(str(tiny_folder))
+    tok = load_tokenizer(str(tool_caller_folder))
     first = tok.decode(completions[0]["prompt"])
     assert "Search, then answer.\n\n" in first and "system" not in first.split("Search, then answer.")[0].lower()  # the user-turn layout
     # the records: every pair, graded; the key says how they were made
@@ -117,7 +108,7 @@ def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, j
     key = json.loads(out.with_suffix(".identity.json").read_text())
     assert len(recs) == 8 and all(isinstance(r["reward"], float) and 0.0 <= r["reward"] <= 1.0 for r in recs)
     assert key["rollout"]["temperature"] == 1.0 and key["rollout"]["top_p"] == 0.9 and key["rollout"]["max_turns"] == 36
-    assert key["rollout"]["prompt_layout"] == "user" and key["judge"] == "tiny-judge" and key["model"] == f"{tiny_folder}@{p_url}/v1"
+    assert key["rollout"]["prompt_layout"] == "user" and key["judge"] == "tiny-judge" and key["model"] == f"{tool_caller_folder}@{p_url}/v1"
     assert len(completions) <= 36 * len(recs)
     # the judge: asked in the paper's prompt, filled with the question, the gold answer and the prediction; the tiny model's
     # replies hold no verdict, so after two more asks each answer scores 0, strictly, and the record says why
@@ -144,11 +135,11 @@ def test_released_profile_decoding_token_ids_and_the_judge_prompt(tiny_folder, j
     ("fanoutqa", ["--endpoint", "http://127.0.0.1:9/v1", "--judge-model", "judge"], "--judge-model names the model of --judge-url"),
     ("world-atomic", ["--served-model", "x"], "--served-model names the model an --endpoint serves"),
 ])
-def test_a_down_endpoint_or_judge_is_one_line(tiny_folder, tmp_path, suite, flags, says):
+def test_a_down_endpoint_or_judge_is_one_line(tool_caller_folder, tmp_path, suite, flags, says):
     "With the released profile, a server or judge that does not answer is one line naming it, before anything is generated."
     env = {k: v for k, v in ENV.items() if not k.startswith("AFM_JUDGE_")}
     t0 = time.monotonic()
-    r = subprocess.run([AFM, "eval", "--profile", PROFILE, "--model", str(tiny_folder), "--suite", suite, "--per-suite", "2",
+    r = subprocess.run([AFM, "eval", "--profile", PROFILE, "--model", str(tool_caller_folder), "--suite", suite, "--per-suite", "2",
                         "--out", str(tmp_path / "r.jsonl"), *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("afm eval: ") and says in lines[0], r.stderr[-1000:]
@@ -179,21 +170,27 @@ def search_r1_tiny(folder: Path, steps: int = 300):
     return folder
 
 
-def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_path):
+def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_path, monkeypatch):
     """`afm eval --profile paper-eval-searchr1-7b --endpoint`: the served model gets the checkpoints' prompt alone in the user
     turn, stops at `</search>`, and each search comes back to it as the retriever's passages in an `<information>` block."""
     from afm.evaluate_cli import cli_eval
     from afm.models import chat_prompt_ids, decode, load_tokenizer
     from afm.rollout import SEARCH_R1_PROMPT
     from afm.tasks import load_benchmark
+    from afm.world import profile_world
     folder = search_r1_tiny(tmp_path / "model")
+    # the profile over the world the tiny model was fitted in (the paper profiles' generated world is twice as large)
+    settings = tmp_path / "settings.ini"
+    settings.write_text((REPO / "settings.ini").read_text() + "\n[searchr1-tiny-world]\nextends = paper-eval-searchr1-7b\n"
+                        "world_scale = 1.0\n")
+    monkeypatch.setenv("AFM_SETTINGS", str(settings))
     policy, url = serve(folder)
     proxy = None
     try:
         proxy = recording_proxy(url.removesuffix("/v1"))
         _, p_url, seen = proxy
         out = tmp_path / "searchr1.jsonl"
-        code = cli_eval(["--profile", "paper-eval-searchr1-7b", "--model", str(folder), "--endpoint", f"{p_url}/v1", "--suite", "world-atomic",
+        code = cli_eval(["--profile", "searchr1-tiny-world", "--model", str(folder), "--endpoint", f"{p_url}/v1", "--suite", "world-atomic",
                          "--split", "val", "--per-suite", "6", "--max-new-tokens", "160", "--out", str(out)])
         assert code == 0
     finally:
@@ -202,7 +199,8 @@ def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_pa
     tok = load_tokenizer(str(folder))
     completions = [b for path, b in seen if path == "/v1/completions"]
     assert completions and all({"</search>", "</answer>"} <= set(b["stop"]) for b in completions)
-    tasks = load_benchmark("world-atomic", split="val", sizes={"val": 6})
+    scale, seed = profile_world("searchr1-tiny-world")  # the profile's world: its tasks and its tools
+    tasks = load_benchmark("world-atomic", split="val", sizes={"val": 6}, scale=scale, seed=seed)
     asked = [chat_prompt_ids(tok, [{"role": "user", "content": SEARCH_R1_PROMPT.format(question=t.question)}]) for t in tasks]
     firsts = [b["prompt"] for b in completions if b["prompt"] in asked]
     assert len(firsts) == len(tasks)  # each episode began with the checkpoints' prompt alone in the user turn, as token ids

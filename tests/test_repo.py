@@ -7,8 +7,8 @@ from pathlib import Path
 import nbdev_sync
 import pytest
 from afm.core import load_profiles
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -101,7 +101,7 @@ def test_every_pipeline_chapter_takes_its_parameters():
 
 
 @pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09c_sft_recipe", "sft_", ("sft_demo_steps",)),
-                                                                ("10a_rl", "rl_", ("rl_demo_steps", "rl_sft_from")),
+                                                                ("10c_rl_study", "rl_", ("rl_demo_steps", "rl_sft_from")),
                                                                 ("11_results", "results_", ("results_efficiency_per_suite", "results_suites"))])
 def test_every_profile_sets_the_chapter_schedule(notebook, prefix, same_everywhere):
     "The SFT and RL chapters' parameters default to CI sizes (2 steps, one val question): a profile that left one out would run on it."
@@ -211,3 +211,35 @@ def test_readme_measured_notes_are_generated_from_the_records():
     from afm.card import NOTES_MARKERS, measured_notes, profile_records
     assert _block(NOTES_MARKERS) == "\n" + measured_notes(profile_records(REPO)), \
         "README.md's measured notes differ from reports/: regenerate them with afm.card.update_block(README, NOTES_MARKERS, ...)"
+
+
+NBDEV_OWN = ("_modidx.py", "__init__.py")  # nbdev's index of the package and its package docstring, written whole by nbdev
+
+
+def test_every_module_is_about_one_thing_in_at_most_600_lines():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "afm").glob("*.py") if p.name not in NBDEV_OWN}
+    assert len(sizes) > 40 and not {k: v for k, v in sizes.items() if v > 600}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+
+
+def test_long_lines_in_afm_are_only_the_ones_nbdev_writes():
+    "ruff checks lines in nbs/, where they are written; in afm/ only nbdev's own `__all__` header may pass 120 characters."
+    long = [f"{p.name}:{i}" for p in sorted((REPO / "afm").glob("*.py")) if p.name not in NBDEV_OWN
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 120 and not line.startswith("__all__ = [")]
+    assert not long, long[:10]
+
+
+def test_a_chapter_imports_only_the_chapters_above_it():
+    "Data flows down the chapter table: no module imports a later one, not even inside a function (a protocol goes up instead)."
+    import ast
+    from afm.core import CHAPTERS
+    order = {c.module: i for i, c in enumerate(CHAPTERS)}
+    later = []
+    for c in CHAPTERS:
+        for node in ast.walk(ast.parse((REPO / "afm" / f"{c.module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1: names = [(node.module or "").split(".")[0]]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("afm."): names = [node.module.split(".")[1]]
+            elif isinstance(node, ast.ImportFrom) and node.module == "afm": names = [a.name for a in node.names]
+            elif isinstance(node, ast.Import): names = [a.name.split(".")[1] for a in node.names if a.name.startswith("afm.")]
+            else: continue
+            later += [f"afm.{c.module}:{node.lineno} imports afm.{m}" for m in names if order.get(m, -1) > order[c.module]]
+    assert not later, later

@@ -1,7 +1,6 @@
 """`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes, the guard stopping
 a run whose search service goes down, and bad settings refused in one line before anything trains."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,10 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import AFM, ENV
 
-AFM = str(Path(sys.executable).with_name("afm"))
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 PROFILE = """[quick]
 description = test: the small tool-calling model, 16 world-atomic rl questions, 2 groups of 4 episodes a step
 system_style = brief
@@ -36,12 +34,11 @@ rl_save_steps = 2
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tool_caller_folder):
     "The small tool-calling model in a folder and a profile of its own (format reward on, so every step moves the weights)."
-    from afm.fit import tool_calling_tiny
-    from afm.models import save_model
+    import shutil
     tmp = tmp_path_factory.mktemp("rl")
-    save_model(*tool_calling_tiny(), tmp / "model")
+    shutil.copytree(tool_caller_folder, tmp / "model")
     (tmp / "settings.ini").write_text(PROFILE)
     return tmp
 

@@ -4,16 +4,13 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from huggingface_hub import try_to_load_from_cache
+from conftest import AFM, ENV
 
-AFM = str(Path(sys.executable).with_name("afm"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """`afm sft` and `train_sft` as a user runs them: a run killed mid-way and resumed, a run on two processes, a run that is what
 its inputs say (settings and data), bad settings and bad data refused in one line before anything trains, the recipe's stages."""
 import json
-import os
 import re
 import signal
 import subprocess
@@ -10,21 +9,19 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import AFM, ENV, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-AFM = str(Path(sys.executable).with_name("afm"))
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_chat_folder):
     "A small tiny model folder, rows of the worked examples in the distilled layout, and a profile of its own."
+    import shutil
     from afm.coa import examples, render
     from afm.prompts import system_prompt
-    from afm.models import save_model, tiny_chat_model
     tmp = tmp_path_factory.mktemp("sft")
-    save_model(*tiny_chat_model(), tmp / "model")
+    shutil.copytree(tiny_chat_folder, tmp / "model")
     kinds = {"web": "qa", "code": "code", "math": "math"}
     with (tmp / "rows.jsonl").open("w") as f:
         for _ in range(4):

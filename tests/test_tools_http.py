@@ -4,11 +4,9 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,8 +15,8 @@ from afm.crawl import CrawlConfig, extractive_summary, fetch_page, llm_summary
 from afm.llm import Endpoint, LLMClient
 from afm.search import Document, RetrievalClient, SearchConfig, SearchIndex, SerperSearch, wiki_documents
 from afm.tools import ToolError, ToolTimeout, Toolbox
+from conftest import AFM
 
-AFM = str(Path(sys.executable).with_name("afm"))
 
 
 @pytest.fixture(scope="module")
