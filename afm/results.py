@@ -19,15 +19,15 @@ from .coa import Trajectory, segments
 from .evaluate import best_of_n, bootstrap_ci, by_task, markdown_table, pass_at_k, self_check, vote
 from .llm import count_tokens
 from .mas import MASRun
-from .rollout import RolloutConfig, decoding, decoding_label, prompt_messages
+from .rollout import LEGACY_DECODINGS, RolloutConfig, decoding, decoding_label, prompt_messages
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['VERIFIERS', 'LEGACY_DECODINGS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows',
-           'scaling_rows', 'paper_results', 'ours_benchmark_rows', 'paper_table', 'labelled_decodings', 'suites_rows',
-           'ablation_rows', 'write_table', 'Study', 'reported_models', 'stand_in_models', 'study_models',
-           'efficiency_study', 'efficiency_note', 'tts_config', 'tts_study', 'benchmark_study', 'report_metrics',
-           'scaling_figures', 'tts_rows', 'write_tables', 'results_figures']
+__all__ = ['VERIFIERS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
+           'paper_results', 'ours_benchmark_rows', 'paper_table', 'labelled_decodings', 'suites_rows', 'ablation_rows',
+           'write_table', 'Study', 'reported_models', 'stand_in_models', 'study_models', 'efficiency_study',
+           'efficiency_note', 'tts_config', 'tts_study', 'benchmark_study', 'report_metrics', 'scaling_figures',
+           'tts_rows', 'write_tables', 'results_figures']
 
 # %% ../nbs/11_results.ipynb #59af4b63
 def teacher_cost(run: MASRun, task: Task, reward: float) -> dict[str, Any]:
@@ -149,12 +149,6 @@ def paper_table(name: str, ours: Sequence[dict] = (), paper: Mapping | None = No
     return rows
 
 # %% ../nbs/11_results.ipynb #21cd8a0e
-LEGACY_DECODINGS = {  # (chapter key, figure) -> what the chapter's code sampled at before it recorded its decoding
-    ("sft", "test_t1_decoding"): {"temperature": 1.0, "top_p": 0.9},  # the SFT chapter typed T=1.0, top-p 0.9
-    ("rl", "test_t1_decoding"): {"temperature": 1.0, "top_p": 1.0},  # the RL chapter's test typed T=1.0, top-p 1.0
-    ("results", "tts_decoding"): {"temperature": 1.0, "top_p": 0.9}}  # test-time scaling typed T=1.0, top-p 0.9
-
-
 def labelled_decodings(record: Mapping) -> dict:
     """`record` (a run's `metrics.json`: chapter key -> figures) with each sampled figure's decoding (`LEGACY_DECODINGS`
     names them) and its `label` (`afm.rollout.decoding_label`): as the chapter recorded it, or, in a record made before

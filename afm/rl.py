@@ -440,7 +440,6 @@ def _identity(args: RLArgs, config: RolloutConfig, rollout_fn: AgenticRollout) -
 
 
 _FREE = ("args.max_steps",)  # what may differ between resumes: a run is extended or cut short from its checkpoints
-_MOVED = ("args.temperature", "args.top_p")  # runs before RLArgs lost them: copies of the `rollout` identity's own
 
 
 def _run_folder(out: Path) -> RunFolder:
@@ -472,13 +471,13 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     rollout_fn = AgenticRollout(tasks, toolbox, config, args, judge, runner)
     identity = _identity(args, config, rollout_fn)
     folder = _run_folder(out)
-    if (done := folder.finished(identity, _MOVED)) is not None: return done | {"already_finished": True}
-    folder.refuse_another(identity, _FREE + _MOVED)  # never resume another run's weights
+    if (done := folder.finished(identity)) is not None: return done | {"already_finished": True}
+    folder.refuse_another(identity, _FREE)  # never resume another run's weights
     last = folder.resume_point(args.max_steps)
     if model is None: model, tokenizer = load(args.model)
     trainer = rl_trainer(model, tokenizer, rollout_fn, args, out, progress)
     out.mkdir(parents=True, exist_ok=True)
-    folder.claim(identity, _FREE + _MOVED)
+    folder.claim(identity, _FREE)
     t0 = time.perf_counter()
     if last and step_of(last) == args.max_steps:  # nothing left to train (the Trainer would take one more step)
         trainer._load_from_checkpoint(str(last))

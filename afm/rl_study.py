@@ -19,10 +19,9 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['STAND_IN_ARGS', 'T1_UNRECORDED', 'SeedsStudy', 'seeds_study', 'train_seeds', 'rl_candidates', 'graded', 'overall',
-           'Choice', 'choose_on_val', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms',
-           'behaviour_tables', 'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict',
-           'found_figures']
+__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'train_seeds', 'rl_candidates', 'graded', 'overall', 'Choice',
+           'choose_on_val', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms', 'behaviour_tables',
+           'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -268,9 +267,6 @@ def plot_study(study: SeedsStudy, seeds: Sequence[int], tested: Tested, out: Pat
     return Path(out) / "rl_vs_sft.png"
 
 # %% ../nbs/10c_rl_study.ipynb #c43278f4
-T1_UNRECORDED = {"temperature": 1.0, "top_p": 1.0}  # what the sampled test drew at before the figures recorded it
-
-
 def rl_verdict(figures: dict) -> str:
     "What a seeds study's paired intervals of RL − SFT (pooled over seeds and per seed) say, in words."
     pooled = {m: figures[f"paired_ci_{m}"]["ci95"] for m in ("greedy", "t1")}
@@ -284,11 +280,11 @@ def rl_verdict(figures: dict) -> str:
 def found_figures(figures: dict) -> dict:
     """A seeds study's `figures` with what its findings state beside them: `t1_label` (the sampled arm's decoding),
     `chance_low`/`chance_high` (over suites), `sft_<x>`/`rl_<x>` (greedy behaviour) and `verdict` (`rl_verdict`)."""
-    from afm.rollout import decoding_label
+    from afm.rollout import LEGACY_DECODINGS, decoding_label
     figures = json.loads(json.dumps(figures))  # as its record holds them (a tuple a list, a key a string)
     arms = {r["model"]: r for r in figures["behaviour"]}
     sft, rl = arms["SFT greedy"], arms["RL greedy (all seeds)"]
-    return {**figures, "t1_label": decoding_label(figures.get("test_t1_decoding") or T1_UNRECORDED),
+    return {**figures, "t1_label": decoding_label(figures.get("test_t1_decoding") or LEGACY_DECODINGS["rl", "test_t1_decoding"]),
             "chance_low": min(figures["chance"].values()), "chance_high": max(figures["chance"].values()),
             **{f"sft_{k}": v for k, v in sft.items()}, **{f"rl_{k}": v for k, v in rl.items()},
             "verdict": rl_verdict(figures)}

@@ -26,9 +26,9 @@ from .tasks import Task, check_world
 from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
-__all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'USES', 'Dialect', 'RolloutConfig', 'rollout_config', 'decoding',
-           'decoding_label', 'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids', 'rollout', 'sampled_answer',
-           'drift', 'bench_rollout', 'cli_bench']
+__all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'USES', 'LEGACY_DECODINGS', 'Dialect', 'RolloutConfig',
+           'rollout_config', 'decoding', 'decoding_label', 'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids',
+           'rollout', 'sampled_answer', 'drift', 'bench_rollout', 'cli_bench']
 
 # %% ../nbs/08_rollout.ipynb #d1a1ec70
 SEARCH_R1_PROMPT = (  # the user turn the Search-R1 checkpoints were trained on, word for word (its "as your want" too)
@@ -149,6 +149,12 @@ def decoding_label(d: dict) -> str:
     "A recorded decoding (`decoding`) as a label says it: `temperature 1.0, top-p 0.9`, or `greedy` at temperature 0."
     num = lambda v: f"{v:.1f}" if round(v, 1) == v else f"{v:g}"
     return "greedy" if d["temperature"] == 0 else f"temperature {num(d['temperature'])}, top-p {num(d['top_p'])}"
+
+
+LEGACY_DECODINGS = {  # (chapter key, figure) -> what a chapter's sampled test drew at before its figures recorded it
+    ("sft", "test_t1_decoding"): {"temperature": 1.0, "top_p": 0.9},  # the SFT chapter typed T=1.0, top-p 0.9
+    ("rl", "test_t1_decoding"): {"temperature": 1.0, "top_p": 1.0},  # the RL chapter's test typed T=1.0, top-p 1.0
+    ("results", "tts_decoding"): {"temperature": 1.0, "top_p": 0.9}}  # test-time scaling typed T=1.0, top-p 0.9
 
 # %% ../nbs/08_rollout.ipynb #161fe3fe
 @dataclass
