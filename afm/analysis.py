@@ -48,7 +48,7 @@ FAILURE_MODES = ("solved", "partial", "format", "evidence missing", "miscopied",
 def _found(value: str, texts: Sequence[str]) -> bool:  # both normalised: `value` a whole run of words in a text
     return value != "" and any(f" {value} " in f" {t} " for t in texts)
 
-
+# %% ../nbs/08b_analysis.ipynb #769c0ae8
 def failure_mode(record: dict, task: Task) -> str:
     "Why `record`, an episode of `task`, did not score 1 (one of `FAILURE_MODES`), or `solved`."
     from difflib import SequenceMatcher

@@ -58,7 +58,7 @@ def data_root() -> Path:
     "Where benchmark files live: `$AFM_DATA`, else `$AFM_CACHE/data`, else `~/.cache/afm/data`."
     return Path(os.environ["AFM_DATA"]) if os.environ.get("AFM_DATA") else cache_dir("data")
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #935b5986
 def _truthy(name: str) -> bool: return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 # %% ../nbs/03b_benchmarks_paper.ipynb #ae514cd6
@@ -433,17 +433,17 @@ def load_gaia(path: Path | str | None = None, text_only: bool = True) -> list[Ta
     "GAIA validation questions (text-only ones unless `text_only=False`)."
     return _mapped("gaia", gaia_task, path, (lambda r: not r.get("file_name")) if text_only else None)
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #d1690238
 def load_browsecomp(path: Path | str | None = None) -> list[Task]:
     "BrowseComp's 1,266 questions."
     return _mapped("browsecomp", browsecomp_task, path)
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #3c2a0f54
 def load_hle(path: Path | str | None = None, text_only: bool = True) -> list[Task]:
     "Humanity's Last Exam (questions without an image unless `text_only=False`)."
     return _mapped("hle", hle_task, path, (lambda r: not r.get("image")) if text_only else None)
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #04a6d0a3
 def load_webwalker(path: Path | str | None = None) -> list[Task]:
     "WebWalkerQA's main split."
     return _mapped("webwalker", webwalker_task, path)
@@ -477,12 +477,12 @@ def load_codecontests(path: Path | str | None = None, include_generated: bool = 
     "CodeContests' test problems."
     return _mapped("codecontests", partial(codecontests_task, include_generated=include_generated), path)
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #ac63fa9c
 def load_amc23(path: Path | str | None = None) -> list[Task]:
     "AMC 2023's 40 problems."
     return _mapped("amc23", amc23_task, path)
 
-
+# %% ../nbs/03b_benchmarks_paper.ipynb #2831e364
 def load_olympiadbench(path: Path | str | None = None) -> list[Task]:
     "OlympiadBench's open-ended, text-only English competition maths problems."
     return _mapped("olympiadbench", olympiadbench_task, path)

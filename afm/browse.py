@@ -45,7 +45,7 @@ def outcome(rec: dict) -> str:
     if rec["format_failure"]: return "format failure"
     return "solved" if rec["reward"] >= 1 else "partial" if rec["reward"] > 0 else "failed"
 
-
+# %% ../nbs/11a_browse.ipynb #267e3b4a
 def _steps(traj: Trajectory | None) -> list[list]:
     "A trajectory's steps as `[role, text, observation, agent]`, its answer last."
     if traj is None: return []
@@ -67,7 +67,7 @@ def _shown(v: Any) -> Any:
     "A figure as the page shows it: a number JSON cannot carry (NaN, infinity) as blank."
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
-
+# %% ../nbs/11a_browse.ipynb #6979f4ab
 def record_view(rec: dict, source: str, where: str) -> dict:
     """One graded rollout (a record of `afm.evaluate`) as a view: outcome, reward, sampled tokens, tool calls and the
     steps; `where` names it in errors (a reward that is no finite number, a sample that is no whole number)."""
@@ -352,7 +352,7 @@ def _escaped(text: str) -> str:
     `\\ud800`, so that the page can be written: an escape in JSON, the same six characters in HTML."""
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
-
+# %% ../nbs/11a_browse.ipynb #f76c1e93
 def _embed(data: dict) -> str:
     """JSON that is safe inside a <script> element: no `<`, `>` or `&` left for the HTML parser to read, no bare NaN,
     which no browser parses, and no lone surrogate, which no UTF-8 page can hold (escaped; it reads back unchanged)."""

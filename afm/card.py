@@ -28,7 +28,7 @@ def _mean(v: Any) -> float | None:
     if isinstance(v, dict): v = [x for x in v.values() if isinstance(x, (int, float))] or None
     return sum(v) / len(v) if isinstance(v, list) else v
 
-
+# %% ../nbs/11c_card.ipynb #b61f5b10
 def _ci(v: Any) -> str:
     "A 95% interval `[lo, hi]` from a pair or a dict holding `ci95`; empty when there is none."
     v = v.get("ci95") if isinstance(v, dict) else v
@@ -166,7 +166,7 @@ def update_block(readme: Path | str, markers: tuple[str, str], block: str) -> bo
     if new != text: readme.write_text(new)
     return True
 
-
+# %% ../nbs/11c_card.ipynb #68f70b84
 def update_readme(readme: Path | str, record: dict[str, Any]) -> bool:
     "Rewrite the block of `readme` between `RESULTS_MARKERS` with `results_table(record)` (`update_block`)."
     return update_block(readme, RESULTS_MARKERS, results_table(record))
@@ -188,7 +188,7 @@ def _origins(record: dict[str, Any]) -> dict[str, Any]:
     "Each chapter's origin in `record` (its section `origin`; `provenance` in a record written before that name)."
     return record.get("origin") or record.get("provenance") or {}
 
-
+# %% ../nbs/11c_card.ipynb #95bd4cc2
 def report_card(record: dict[str, Any], table: Sequence[Chapter] = CHAPTERS) -> str:
     "The markdown report card of a run's `record`: any failure, the machine and times, the results table, each chapter."
     failed, not_run = record.get("failed") or {}, record.get("not_run") or []

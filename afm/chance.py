@@ -23,13 +23,15 @@ _NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
 
 
 def named_candidates(task: Task) -> list[str]:
-    "What a guesser reads off a question without a tool: the entities it names whose pages the gold path reads, and its numbers."
+    """What a guesser reads off a question without a tool: the entities it names whose pages the gold path reads, and
+    its numbers."""
     names = [s["title"] for s in task.gold_path if s.get("op") == "read" and s["title"] in task.question]
     return list(dict.fromkeys(names + [m.replace(",", "") for m in _NUMBER.findall(task.question)]))
 
-
+# %% ../nbs/03d_chance.ipynb #c5c94c00
 def common_answers(tasks: Sequence[Task], k: int = 1) -> list[str]:
-    "The `k` most common gold answers of `tasks`, normalised as exact match does; a part of an `all_of` answer weighs 1/parts."
+    """The `k` most common gold answers of `tasks`, normalised as exact match does; a part of an `all_of` answer
+    weighs 1/parts."""
     weight: Counter = Counter()
     surface: dict[str, str] = {}
     for t in tasks:
@@ -38,18 +40,24 @@ def common_answers(tasks: Sequence[Task], k: int = 1) -> list[str]:
             surface.setdefault(normalize_answer(g), g)
     return [surface[a] for a, _ in weight.most_common(k)]
 
-
+# %% ../nbs/03d_chance.ipynb #bb4cc373
 def constant_program_passes(task: Task) -> bool:
-    "Whether a program returning a constant passes a code task's hidden tests: every `assert candidate(...) == out` expects one output."
-    if (task.tests or {}).get("style") != "check": raise ValueError(f"task {task.id!r}: chance needs 'check'-style tests, not {task.tests!r:.60}")
-    outs = [ast.literal_eval(n.test.comparators[0]) for n in ast.walk(ast.parse(task.tests["code"])) if isinstance(n, ast.Assert)]
+    """Whether a program returning a constant passes a code task's hidden tests: every `assert candidate(...) == out`
+    expects one output."""
+    if (task.tests or {}).get("style") != "check":
+        raise ValueError(f"task {task.id!r}: chance needs 'check'-style tests, not {task.tests!r:.60}")
+    outs = [ast.literal_eval(n.test.comparators[0]) for n in ast.walk(ast.parse(task.tests["code"]))
+            if isinstance(n, ast.Assert)]
     return len({repr(o) for o in outs}) <= 1
 
 # %% ../nbs/03d_chance.ipynb #2252c8de
-def chance_baseline(tasks: Sequence[Task], train: Sequence[Task] | None = None, grade: Callable[[Task, str], float] | None = None) -> dict[str, float]:
-    "Exact expected scores of no-tool guessing policies on `tasks` (one suite) under `grade` (default `afm.grading.grade`), and their max."
+def chance_baseline(tasks: Sequence[Task], train: Sequence[Task] | None = None,
+                    grade: Callable[[Task, str], float] | None = None) -> dict[str, float]:
+    """Exact expected scores of no-tool guessing policies on `tasks` (one suite) under `grade` (default
+    `afm.grading.grade`), and their max."""
     if not tasks: raise ValueError("chance_baseline: no tasks")
-    if len({t.source for t in tasks}) > 1: raise ValueError(f"chance_baseline: tasks of one suite, not {sorted({t.source for t in tasks})}")
+    if len({t.source for t in tasks}) > 1:
+        raise ValueError(f"chance_baseline: tasks of one suite, not {sorted({t.source for t in tasks})}")
     if tasks[0].kind == "code":
         c = fmean(constant_program_passes(t) for t in tasks)
         out = {"named": 0.0, "train_constant": c, "test_constant": c, "by_form": c}
@@ -58,13 +66,15 @@ def chance_baseline(tasks: Sequence[Task], train: Sequence[Task] | None = None, 
     boxed = tasks[0].kind == "math"   # a math answer is written in \boxed{}
     score = lambda t, guess: grade(t, f"\\boxed{{{guess}}}" if boxed else guess)
     named = [fmean(score(t, c) for c in cs) if (cs := named_candidates(t)) else 0.0 for t in tasks]
-    def best_constant(ts, seen):   # the best of the five most common answers of `seen`, and its score on each task of `ts`
+    def best_constant(ts,
+                      seen):   # the best of the five most common answers of `seen`, and its score on each task of `ts`
         return max(([score(t, c) for t in ts] for c in common_answers(seen, 5)), key=sum, default=[0.0])
     by_form = 0.0
-    for f in dict.fromkeys(t.meta.get("form") for t in tasks):   # per form, naming or the form's constant, learnt from `train` if given
+    # per form, naming or the form's constant, learnt from `train` if given
+    for f in dict.fromkeys(t.meta.get("form") for t in tasks):
         ix = [i for i, t in enumerate(tasks) if t.meta.get("form") == f]
         seen = [t for t in train if t.meta.get("form") == f] if train else [tasks[i] for i in ix]
         by_form += max(sum(named[i] for i in ix), sum(best_constant([tasks[i] for i in ix], seen)))
-    out = {"named": fmean(named), "train_constant": fmean(score(t, common_answers(train)[0]) for t in tasks) if train else 0.0,
-           "test_constant": fmean(best_constant(tasks, tasks)), "by_form": by_form / len(tasks)}
+    out = {"named": fmean(named), "train_constant": fmean(score(t, common_answers(train)[0]) for t in tasks) if train
+           else 0.0, "test_constant": fmean(best_constant(tasks, tasks)), "by_form": by_form / len(tasks)}
     return {**out, "chance": max(out.values())}

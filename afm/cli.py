@@ -24,8 +24,10 @@ COMMANDS = {  # command -> what it does; the chapters that provide each come fro
     "rl": "agentic RL with real tools inside the rollouts",
     "eval": "evaluate a model on the benchmarks and write the tables",
     "serve": "serve what a chapter provides: `afm serve search` (the wiki retrieval server), `afm serve model`",
-    "bench": "a chapter's benchmark, ours against the naive way side by side: `afm bench search`, `afm bench sandbox`, `afm bench rollout`, `afm bench sft`, `afm bench rl`",
-    "browse": "one static HTML page of trajectories (the teacher's, the distilled rows', models' rollouts) side by side",
+    "bench": "a chapter's benchmark, ours against the naive way side by side: `afm bench search`, `afm bench sandbox`, "
+             "`afm bench rollout`, `afm bench sft`, `afm bench rl`",
+    "browse": "one static HTML page of trajectories (the teacher's, the distilled rows', models' "
+              "rollouts) side by side",
 }
 
 
@@ -38,7 +40,7 @@ def providers(command: str) -> dict[str | None, Chapter]:
             if name == command: out[target or None] = ch
     return out
 
-
+# %% ../nbs/13_cli.ipynb #4c1c1b47
 def resolve(command: str, args: list[str]) -> tuple[Chapter, list[str]]:
     "The chapter that implements `command` (and its target), and the arguments left for it."
     by_target = providers(command)
@@ -48,7 +50,7 @@ def resolve(command: str, args: list[str]) -> tuple[Chapter, list[str]]:
     if args[0] not in by_target: raise LookupError(f"afm {command}: no target {args[0]!r}; targets: {targets}")
     return by_target[args[0]], args[1:]
 
-
+# %% ../nbs/13_cli.ipynb #3e2d8139
 def _epilog() -> str:
     rows = []
     for cmd, what in COMMANDS.items():
@@ -61,15 +63,21 @@ def main(argv: list[str] | None = None) -> int:
     "The `afm` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="afm", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_epilog(),
-                                description="Chain-of-Agents agent foundation models: distil, fine-tune, train with RL, evaluate.")
+                                description="Chain-of-Agents agent foundation models: distil, fine-tune, "
+                                            "train with RL, evaluate.")
     p.add_argument("--version", action="version", version=f"afm {metadata.version('afm')}")
     p.add_argument("command", choices=list(COMMANDS), metavar="COMMAND", help="one of: " + ", ".join(COMMANDS))
-    if not argv or argv[0] in ("-h", "--help"): p.print_help(); return 0 if argv else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        p.print_help()
+        return 0 if argv else 2
     a, _ = p.parse_known_args(argv[:1])
     try: ch, rest = resolve(a.command, argv[1:])
-    except LookupError as e: print(e, file=sys.stderr); return 2
+    except LookupError as e:
+        print(e, file=sys.stderr)
+        return 2
     if not ch.exists():
-        print(f"afm {a.command}: its chapter nbs/{ch.notebook}.ipynb (afm.{ch.module}) does not exist yet", file=sys.stderr)
+        print(f"afm {a.command}: its chapter nbs/{ch.notebook}.ipynb (afm.{ch.module}) does not exist yet",
+              file=sys.stderr)
         return 2
     fn = getattr(importlib.import_module(f"afm.{ch.module}"), f"cli_{a.command}", None)
     if fn is None:
@@ -78,5 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     try: return int(fn(rest) or 0)
     except (ValueError, OSError) as e:  # a bad input (a model folder, a file, a setting) named by its message: one line
         if os.environ.get("AFM_DEBUG") == "1": raise
-        print(f"afm {' '.join(argv[:len(argv) - len(rest)])}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"afm {' '.join(argv[:len(argv) - len(rest)])}: {type(e).__name__}: {' '.join(str(e).split())}",
+              file=sys.stderr)
         return 1

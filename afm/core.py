@@ -49,7 +49,7 @@ class Chapter:
         "Has the chapter been written (is `afm.<module>` importable)?"
         return importlib.util.find_spec(f"afm.{self.module}") is not None
 
-
+# %% ../nbs/00a_core.ipynb #90664d10
 CHAPTERS: tuple[Chapter, ...] = (
     Chapter("00_coa", "coa", pipeline=False),
     Chapter("00_coa_masks", "coa_masks", reports="coa"),
@@ -106,8 +106,8 @@ CHAPTERS: tuple[Chapter, ...] = (
 
 
 def chapter(name: str) -> Chapter:
-    """The chapter named by its notebook (`02a_search`, `02a_search.ipynb`), by the key a pipeline chapter reports under,
-    or by its module (`search`), in that order."""
+    """The chapter named by its notebook (`02a_search`, `02a_search.ipynb`), by the key a pipeline chapter reports
+    under, or by its module (`search`), in that order."""
     name = Path(name).name.removesuffix(".ipynb")
     for match in (lambda c: c.notebook, lambda c: c.key if c.pipeline else None, lambda c: c.module):
         if found := next((c for c in CHAPTERS if match(c) == name), None): return found
@@ -118,23 +118,25 @@ def cache_dir(*parts: str) -> Path:
     "Where afm keeps what it builds: `$AFM_CACHE` (default `~/.cache/afm`), joined with `parts`."
     return Path(os.environ.get("AFM_CACHE") or Path.home() / ".cache" / "afm").joinpath(*parts)
 
-
+# %% ../nbs/00a_core.ipynb #c1bd51bc
 def code_digest(*modules: str) -> str:
-    "A sha256 of the source of the `afm` modules named (`\"rollout\"`, …): in a cache key, results go stale when the code that made them changes."
+    """A sha256 of the source of the `afm` modules named (`\"rollout\"`, …): in a cache key, results go stale when
+    the code that made them changes."""
     h = hashlib.sha256()
     for m in modules: h.update(m.encode() + b"\0" + Path(importlib.util.find_spec(f"afm.{m}").origin).read_bytes())
     return h.hexdigest()
 
-
+# %% ../nbs/00a_core.ipynb #7e39fe80
 def package_dir(package: str, install: str = "") -> Path:
     "The folder of an installed package, found without importing it (importing some data packages starts plugin hosts)."
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed; " + (f"install it with `{install}`" if install else
+        raise FileNotFoundError(f"package {package!r} is not installed; " + (f"install it with `{install}`"
+                                                                             if install else
                                 "`make install` installs it"))
     return Path(spec.submodule_search_locations[0])
 
-
+# %% ../nbs/00a_core.ipynb #576a1da2
 def package_file(package: str, *parts: str, install: str = "") -> Path:
     "A data file shipped inside an installed package."
     path = package_dir(package, install).joinpath(*parts)
@@ -157,32 +159,37 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
             if not isinstance(row, dict): raise ValueError(f"{path}:{n}: expected an object, got {type(row).__name__}")
             yield f"{path}:{n}", row
 
-
+# %% ../nbs/00a_core.ipynb #b3f32b86
 def read_rows(path: Path | str) -> Iterator[tuple[str, dict]]:
     """The rows of a JSON, JSONL(.gz), parquet or CSV file, each with where it is (`file:line` or `file:index`). A file
     that cannot be read is a ValueError naming it and where reading stopped (a missing file stays FileNotFoundError)."""
     path, last = Path(path), None
     try:
-        for where, row in _rows(path): last = where; yield where, row
+        for where, row in _rows(path):
+            last = where
+            yield where, row
     except (ValueError, OSError) as e:
         if str(e).startswith(str(path)) or isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)): raise
         raise ValueError(f"{path}: unreadable {f'after {last}' if last else 'from its start'} "
                          f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no detail'})") from None
 
-
+# %% ../nbs/00a_core.ipynb #a0eca8e9
 def _rows(path: Path) -> Iterator[tuple[str, dict]]:
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz")): yield from _jsonl_rows(path)
     elif name.endswith(".json"):
         try: rows = json.loads(path.read_text(encoding="utf-8"))
         except RecursionError: raise ValueError(f"{path}: nested too deeply to read") from None
-        if not isinstance(rows, list): raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
         yield from ((f"{path}:{i}", r) for i, r in enumerate(rows))
     elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
         i = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-            for r in batch.to_pylist(): yield f"{path}:{i}", r; i += 1
+            for r in batch.to_pylist():
+                yield f"{path}:{i}", r
+                i += 1
     elif name.endswith(".csv"):
         import csv
         csv.field_size_limit(2 ** 31 - 1)
@@ -203,17 +210,20 @@ def repo_root(start: Path | str | None = None) -> Path:
     here = Path(start or Path.cwd()).resolve()
     for d in [here, *here.parents]:
         if (d / "settings.ini").is_file() and (d / "nbs").is_dir(): return d
-    raise FileNotFoundError(f"no afm repository (settings.ini and nbs/) at or above {here}; run this from a clone of the repository")
+    raise FileNotFoundError(f"no afm repository (settings.ini and nbs/) at or above {here}; run this from a "
+                            "clone of the repository")
 
-
+# %% ../nbs/00a_core.ipynb #34e8230b
 def data_dir(stage: str, profile: str, root: Path | str | None = None) -> Path:
-    """Where stage `stage` (`distill`, `sft`, `rl`) keeps its output for `profile`: `<repo>/data/<stage>/<profile>`. The one
-    rule every chapter and command follows, wherever the reports go, so a later stage finds what an earlier one wrote."""
+    """Where stage `stage` (`distill`, `sft`, `rl`) keeps its output for `profile`: `<repo>/data/<stage>/<profile>`. The
+    one rule every chapter and command follows, wherever the reports go, so a later stage finds what an earlier one
+    wrote."""
     return repo_root(root) / "data" / stage / profile
 
-
+# %% ../nbs/00a_core.ipynb #14d10109
 def default_reports(profile: str, root: Path | str | None = None) -> Path:
-    "Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs), `reports/<profile>/` for any other."
+    """Where a run of `profile` writes its reports by default: `reports/` for `tiny` (what `make reproduce` runs),
+    `reports/<profile>/` for any other."""
     return repo_root(root) / "reports" / ("" if profile == "tiny" else profile)
 
 # %% ../nbs/00a_core.ipynb #da2a91d2
@@ -223,51 +233,56 @@ def _value(raw: str) -> Any:
     try: return ast.literal_eval(raw.strip())
     except (ValueError, SyntaxError): return raw.strip()
 
-
+# %% ../nbs/00a_core.ipynb #4f8cf771
 def settings_path(path: Path | str | None = None, root: Path | str | None = None) -> Path:
     """The profiles file: `path`, else `$AFM_SETTINGS` (what `afm run --settings` hands its chapters), else the
     repository's `settings.ini` (the repository at or above `root`)."""
     return Path(path or os.environ.get("AFM_SETTINGS") or repo_root(root) / "settings.ini")
 
-
+# %% ../nbs/00a_core.ipynb #41147718
 def load_profiles(path: Path | str | None = None) -> dict[str, dict[str, Any]]:
     """Every profile in the profiles file (`settings_path(path)`), `[DEFAULT]` keys merged into each. A profile with
-    `extends = <name>` starts from that profile's keys and overrides them with its own (`extends` itself is not kept)."""
+    `extends = <name>` starts from that profile's keys and overrides them with its own (`extends` itself is not
+    kept)."""
     path = settings_path(path)
     if not path.is_file(): raise FileNotFoundError(f"no settings file at {path}")
-    cp = configparser.ConfigParser(interpolation=None, default_section="\0")  # [DEFAULT] read as a section: merged below
+    # [DEFAULT] read as a section: merged below
+    cp = configparser.ConfigParser(interpolation=None, default_section="\0")
     cp.optionxform = str  # keep key case
     try: cp.read(path)
     except configparser.Error as e: raise ValueError(f"{path}: {' '.join(str(e).split())}") from None
     own = {name: {k: _value(v) for k, v in cp[name].items()} for name in cp.sections()}
     defaults = own.pop("DEFAULT", {})
     def resolved(name, seen=()):
-        if name in seen: raise ValueError(f"{path}: profiles extend each other in a cycle: {' -> '.join([*seen, name])}")
+        if name in seen:
+            raise ValueError(f"{path}: profiles extend each other in a cycle: {' -> '.join([*seen, name])}")
         keys = dict(own[name])
         if (parent := keys.pop("extends", None)) is None: return {**defaults, **keys}
-        if parent not in own: raise ValueError(f"{path}: [{name}] extends {parent!r}, which is not a profile here ({', '.join(own)})")
+        if parent not in own:
+            raise ValueError(f"{path}: [{name}] extends {parent!r}, which is not a profile here ({', '.join(own)})")
         return {**resolved(parent, (*seen, name)), **keys}
     return {name: resolved(name) for name in own}
 
-
+# %% ../nbs/00a_core.ipynb #dea59035
 def load_profile(name: str, path: Path | str | None = None) -> dict[str, Any]:
     "The parameters of profile `name`, with a clear error listing the profiles that exist."
     profiles = load_profiles(path)
     if name not in profiles: raise KeyError(f"unknown profile {name!r}; settings.ini defines: {', '.join(profiles)}")
     return profiles[name]
 
-
+# %% ../nbs/00a_core.ipynb #9cfd556c
 def declared_parameters(name: Path | str, prefix: str = "", root: Path | str | None = None) -> dict[str, str]:
-    """The parameters a chapter declares in its cell tagged `parameters` (those starting with `prefix`), each with its default
-    as source text: the one reading of them (papermill's `inspect_notebook`, which `afm run` injects by). `name`: a notebook
-    path, or a chapter as `chapter` names it (`10c_rl_study`, `rl`), read from `nbs/` of the repository at or above `root`."""
+    """The parameters a chapter declares in its cell tagged `parameters` (those starting with `prefix`), each with its
+    default as source text: the one reading of them (papermill's `inspect_notebook`, which `afm run` injects by).
+    `name`: a notebook path, or a chapter as `chapter` names it (`10c_rl_study`, `rl`), read from `nbs/` of the
+    repository at or above `root`."""
     path = Path(name)
     if path.suffix != ".ipynb": path = repo_root(root) / "nbs" / f"{chapter(str(name)).notebook}.ipynb"
     if not path.is_file(): raise FileNotFoundError(f"{path}: no such notebook; a chapter's parameters are read from it")
     import papermill
     return {k: d["default"] for k, d in papermill.inspect_notebook(str(path)).items() if k.startswith(prefix)}
 
-
+# %% ../nbs/00a_core.ipynb #78a96fbf
 def chapter_keys(name: str, prefix: str, root: Path | str | None = None) -> set[str] | None:
     """The `prefix` keys chapter `name` declares as its parameters (`declared_parameters`): the profile keys of that
     prefix it reads itself. None outside a clone of the repository (no `nbs/` at or above `root`), where no chapter
@@ -281,27 +296,31 @@ _KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: 
 
 
 def check_value(cls: type, name: str, value: Any, where: str) -> Any:
-    "`value` if it has the type of field `name` of dataclass `cls`, else a ValueError naming `where` (the file and key) and the type."
+    """`value` if it has the type of field `name` of dataclass `cls`, else a ValueError naming `where` (the file and
+    key) and the type."""
     import typing
     hint = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))[name]
     kind = typing.get_origin(hint) or hint
-    ok = {int: isinstance(value, int) and not isinstance(value, bool), float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          bool: isinstance(value, bool), str: isinstance(value, str), list: isinstance(value, list), dict: isinstance(value, dict)}.get(kind, True)
+    ok = {int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool), bool: isinstance(value, bool),
+          str: isinstance(value, str), list: isinstance(value, list), dict: isinstance(value, dict)}.get(kind, True)
     if not ok: raise ValueError(f"{where} = {value!r} should be {_KINDS[kind]}")
     return float(value) if kind is float else value
 
-
+# %% ../nbs/00a_core.ipynb #dca2e676
 def check_keys(keys: Iterable[str], allowed: Iterable[str], where: str, what: str = "") -> None:
-    "A ValueError naming each of `keys` not in `allowed`, with the nearest allowed key (a typo's likely intent) and `what` they may be."
+    """A ValueError naming each of `keys` not in `allowed`, with the nearest allowed key (a typo's likely intent) and
+    `what` they may be."""
     import difflib
     allowed = sorted(set(allowed))
     bad = [k for k in keys if k not in allowed]
     def hint(k):
         near = difflib.get_close_matches(k, allowed, n=1, cutoff=0.6)
         return repr(k) + (f" (did you mean {near[0]!r}?)" if near else "")
-    if bad: raise ValueError(f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(hint, bad))}" + (f"; {what}" if what else ""))
+    if bad: raise ValueError(f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(hint, bad))}"
+                             + (f"; {what}" if what else ""))
 
-
+# %% ../nbs/00a_core.ipynb #2f01b863
 def _prefixed(cls: type, profile: dict[str, Any], prefix: str, where: str, known: Iterable[str] | None,
               skip_none: bool = False) -> dict[str, Any]:
     "The fields of `cls` that `profile` sets as `<prefix><field>`, type-checked, once every `<prefix>*` key is checked."
@@ -314,7 +333,7 @@ def _prefixed(cls: type, profile: dict[str, Any], prefix: str, where: str, known
     return {k.removeprefix(prefix): check_value(cls, k.removeprefix(prefix), profile[k], f"{where}: {k}")
             for k in keys if k.removeprefix(prefix) in names and not (skip_none and profile[k] is None)}
 
-
+# %% ../nbs/00a_core.ipynb #5ee10386
 def profile_config(cls: type, profile: dict[str, Any], prefix: str, where: str = "settings.ini",
                    known: Iterable[str] | None = (), overlay: str = "", overlay_known: Iterable[str] | None = (),
                    **overrides):
@@ -337,24 +356,27 @@ def _cli_fields(cls: type) -> type:
     keep = [(f.name, hints[f.name], f) for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
     return dataclasses.make_dataclass(cls.__name__, keep, namespace={"__doc__": cls.__doc__})
 
-
+# %% ../nbs/00a_core.ipynb #08de3333
 def config_parser(prog: str, description: str, *configs: type):
-    "An argparse parser with one option per command-line field of the config dataclasses `configs` (help from metadata)."
+    """An argparse parser with one option per command-line field of the config dataclasses `configs` (help from
+    metadata)."""
     from transformers import HfArgumentParser
     return HfArgumentParser([_cli_fields(c) for c in configs], prog=prog, description=description)
 
-
+# %% ../nbs/00a_core.ipynb #27c673c8
 def parse_configs(parser, argv: list[str] | None, *configs: type, defaults: dict[str, Any] | None = None) -> list:
-    "Parse `argv` into instances of `configs` (non-command-line fields keep their defaults), then a namespace of other options."
+    """Parse `argv` into instances of `configs` (non-command-line fields keep their defaults), then a namespace of
+    other options."""
     if defaults: parser.set_defaults(**defaults)
     parsed = parser.parse_args_into_dataclasses(argv)
     out = [cls(**dataclasses.asdict(p)) for cls, p in zip(configs, parsed)]
     return out + list(parsed[len(configs):])
 
-
+# %% ../nbs/00a_core.ipynb #557f9bef
 def stage_parser(prog: str, description: str, *configs: type, options: dict[str, dict] | None = None):
     """A stage command's parser: one option per field of `configs`, the shared `--profile` and `--settings`, and
-    `options` (flag -> `add_argument` keywords); and the parser of the shared options alone, to read the profile first."""
+    `options` (flag -> `add_argument` keywords); and the parser of the shared options alone, to read the profile
+    first."""
     import argparse
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--profile", default="tiny", help="a section of settings.ini (default: tiny)")
@@ -364,7 +386,7 @@ def stage_parser(prog: str, description: str, *configs: type, options: dict[str,
     for action in pre._actions: p._add_action(action)
     return p, pre
 
-
+# %% ../nbs/00a_core.ipynb #8bcef9ee
 def stage_profile(pre, argv: list[str] | None) -> tuple[Any, dict[str, Any], str]:
     "The shared options of `argv`, the profile they name, and where that profile is (for messages)."
     known, _ = pre.parse_known_args(argv)
@@ -374,13 +396,13 @@ def stage_profile(pre, argv: list[str] | None) -> tuple[Any, dict[str, Any], str
 class FieldTypeError(TypeError, ValueError):
     "A setting of the wrong type: a TypeError, and a ValueError for callers that catch every bad setting as one."
 
-
+# %% ../nbs/00a_core.ipynb #1c58bf2a
 def _within(v: float, interval: str) -> bool:
     "Is `v` inside `interval`, written as in mathematics: `[1, inf)`, `(0, 1]`?"
     lo, hi = (float(x) for x in interval[1:-1].split(","))
     return (lo < v if interval[0] == "(" else lo <= v) and (v < hi if interval[-1] == ")" else v <= hi)
 
-
+# %% ../nbs/00a_core.ipynb #fe2befff
 def check_range(where: str, value: Any, interval: str | int, whole: bool = False) -> Any:
     """`value` if it is a number (a whole number if `whole`; never a bool, never NaN) inside `interval` (`"(0, 1]"`,
     `"[0, inf)"`; an int `n` means `[n, inf)`); else `FieldTypeError` for a wrong type or ValueError, naming `where`."""
@@ -391,7 +413,7 @@ def check_range(where: str, value: Any, interval: str | int, whole: bool = False
     if not _within(value, interval): raise ValueError(f"{where} must be {what} in {interval}, got {value!r}")
     return value
 
-
+# %% ../nbs/00a_core.ipynb #1fc43c69
 def check_fields(config, ints: dict[str, int | str] | None = None, numbers: dict[str, str] | None = None,
                  label: str | None = None) -> None:
     """`check_range` on fields of `config`: each named in `ints` a whole number at least its minimum (or inside its
@@ -413,7 +435,7 @@ def read_json(path: Path | str, hint: str = "") -> Any:
         why = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
         raise ValueError(f"{path} is damaged ({why})" + (f"; {hint}" if hint else "")) from None
 
-
+# %% ../nbs/00a_core.ipynb #4aab82fe
 def write_json(path: Path | str, obj: Any, indent: int | None = 2) -> Path:
     "Write `obj` as JSON to `path` whole or not at all (a temporary file renamed over it); its folder is made."
     path = Path(path)
@@ -429,7 +451,7 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict) or (prefix and not d): return {prefix: d}
     return {k: v for key, val in d.items() for k, v in _flat(val, f"{prefix}.{key}" if prefix else str(key)).items()}
 
-
+# %% ../nbs/00a_core.ipynb #e55f8f52
 _ABSENT = object()
 
 
@@ -438,12 +460,12 @@ def _short(v: Any) -> str:
     s = json.dumps(v, ensure_ascii=False, default=str)
     return s if len(s) <= 24 else s[:20] + "…"
 
-
+# %% ../nbs/00a_core.ipynb #a139a073
 def _as_json(x: Any) -> Any:
     "`x` as it reads back from a JSON file (tuples as lists): an identity in memory equals the same one stored."
     return json.loads(json.dumps(x, default=str))
 
-
+# %% ../nbs/00a_core.ipynb #c144c67d
 def identity_differences(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None,
                          ) -> list[str]:
     """What differs between a recorded identity `there` and `here`, one `path: A there, B here` each, over dotted paths
@@ -459,7 +481,7 @@ def identity_differences(there: dict, here: dict, free: Iterable[str] = (), miss
         if old != new: out.append(f"{k}: {_short(old)} there, {_short(new)} here")
     return out
 
-
+# %% ../nbs/00a_core.ipynb #2d213e65
 def identity_gap(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None,
                  most: int = 4) -> str | None:
     "The `identity_differences` in one line (the first `most`, then how many more); None when nothing differs."
@@ -467,7 +489,7 @@ def identity_gap(there: dict, here: dict, free: Iterable[str] = (), missing: dic
     if not diff: return None
     return "; ".join(diff[:most]) + (f" and {len(diff) - most} more" if len(diff) > most else "")
 
-
+# %% ../nbs/00a_core.ipynb #0a84ea40
 def identity_digest(identity: Any, length: int = 12) -> str:
     "The first `length` hex digits of the sha256 of `identity` as JSON (keys sorted): a short name for it."
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:length]
@@ -513,7 +535,7 @@ def step_of(checkpoint: Path | str) -> int:
     "The step a checkpoint folder `checkpoint-<step>` was saved at."
     return int(Path(checkpoint).name.removeprefix("checkpoint-"))
 
-
+# %% ../nbs/00a_core.ipynb #e9342206
 @patch
 def checkpoints(self: RunFolder) -> list[Path]:
     "The complete checkpoints, oldest first."
@@ -521,7 +543,7 @@ def checkpoints(self: RunFolder) -> list[Path]:
              if p.name.removeprefix("checkpoint-").isdigit() and (p / self.complete_file).is_file()]
     return sorted(found, key=step_of)
 
-
+# %% ../nbs/00a_core.ipynb #2a9fb768
 @patch
 def resume_point(self: RunFolder, max_step: int | None = None) -> Path | None:
     "The newest complete checkpoint at or before `max_step` (any when None)."
@@ -534,14 +556,14 @@ def refuse_another(self: RunFolder, here: dict, free: Iterable[str] = (), missin
     if gap := self.gap(here, free, missing):
         raise ValueError(f"{self.path} holds another run ({gap}); use another folder or delete that one")
 
-
+# %% ../nbs/00a_core.ipynb #46ceb31c
 @patch
 def claim(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None) -> None:
     "Make the folder this run's before any compute is spent: `refuse_another`, then its identity (re)written as `here`."
     self.refuse_another(here, free, missing)
     write_json(self.path / self.identity_file, here)
 
-
+# %% ../nbs/00a_core.ipynb #9ee43ad6
 @patch
 def finished(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None):
     "The record the run finished with when it is this run (`here`, up to `free` and `missing` paths); else None."
@@ -550,7 +572,7 @@ def finished(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dic
     if not isinstance(there, dict) or identity_differences(there, here, free, missing): return None
     return done
 
-
+# %% ../nbs/00a_core.ipynb #361645e9
 @patch
 def finish(self: RunFolder, record: dict, here: dict) -> dict:
     "Write the record run `here` finished with, its identity first (under `identity_key`, or at the top); return it."

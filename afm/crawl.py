@@ -35,7 +35,8 @@ def split_urls(text: str) -> list[str]:
         elif m := _URL.search(part): url = m.group(0)
         else: url = part.strip().strip("<>\"'")
         url = url.rstrip(".,;")
-        if url.endswith(")") and url.count("(") < url.count(")"): url = url[:-1]  # "(see https://…)" vs ".../Mercury_(planet)"
+        # "(see https://…)" vs ".../Mercury_(planet)"
+        if url.endswith(")") and url.count("(") < url.count(")"): url = url[:-1]
         if url: out.append(url)
     return out
 
@@ -57,7 +58,8 @@ def html_to_text(markup: str) -> tuple[str, str]:
     return title, "\n".join(l for l in lines if l)
 
 # %% ../nbs/02b_crawl.ipynb #a39a6986
-_NUMERIC_GOAL = re.compile(r"\b(when|year|date|how (many|much|long|old|far|tall)|number|age|population|founded|born|died)\b", re.I)
+_NUMERIC_GOAL = re.compile(r"\b(when|year|date|how "
+                           r"(many|much|long|old|far|tall)|number|age|population|founded|born|died)\b", re.I)
 
 
 def extractive_summary(text: str, goal: str, max_chars: int = 700, title: str = "") -> str:
@@ -71,13 +73,15 @@ def extractive_summary(text: str, goal: str, max_chars: int = 700, title: str = 
     wants_number = bool(_NUMERIC_GOAL.search(goal))
     def score(i: int) -> float:
         tf, n = Counter(words[i]), len(words[i])
-        s = sum(math.log(1 + (len(sents) - df[w] + 0.5) / (df[w] + 0.5)) * tf[w] * 2.2 / (tf[w] + 1.2 * (0.25 + 0.75 * n / avg))
+        s = sum(math.log(1 + (len(sents) - df[w] + 0.5) / (df[w] + 0.5)) * tf[w] * 2.2
+                / (tf[w] + 1.2 * (0.25 + 0.75 * n / avg))
                 * (0.25 if w in about else 1.0) for w in goal_words if tf[w])
         return s + (0.5 if wants_number and re.search(r"\d", sents[i]) else 0) + (0.3 if i == 0 else 0)
     keep, size = [], 0
     for i in sorted(range(len(sents)), key=score, reverse=True):
         if size + len(sents[i]) > max_chars and keep: continue
-        keep.append(i); size += len(sents[i]) + 1
+        keep.append(i)
+        size += len(sents[i]) + 1
         if size >= max_chars: break
     out = " ".join(sents[i] for i in sorted(keep))
     return out if len(out) <= max_chars else out[: max_chars - 1] + "…"
@@ -110,10 +114,13 @@ def fetch_page(url: str, timeout_s: float = 10.0, max_bytes: int = 2_000_000, cl
 # %% ../nbs/02b_crawl.ipynb #e05ba10b
 def llm_summary(client: LLMClient, text: str, goal: str, max_chars: int = 6000) -> str:
     "A goal-directed summary of a page written by an LLM; a failed endpoint is a `ToolError` naming it."
-    prompt = (f"Goal: {goal}\n\nPage content:\n{text[:max_chars]}\n\nSummarise the information on this page that helps with the "
-              "goal, in at most five sentences. Quote names, numbers and dates exactly. If nothing on the page helps, say so.")
+    prompt = (f"Goal: {goal}\n\nPage content:\n{text[:max_chars]}\n\nSummarise the information on this page "
+              "that helps with the "
+              "goal, in at most five sentences. Quote names, numbers and dates exactly. If nothing on "
+              "the page helps, say so.")
     try: reply = client.chat([{"role": "user", "content": prompt}], max_tokens=300)
-    except BackendError as e: raise (ToolTimeout if "timed out" in str(e) else ToolError)(f"page summary failed: {e}") from None
+    except BackendError as e:
+        raise (ToolTimeout if "timed out" in str(e) else ToolError)(f"page summary failed: {e}") from None
     return " ".join(reply.split())
 
 # %% ../nbs/02b_crawl.ipynb #f67834c4
@@ -121,18 +128,20 @@ def llm_summary(client: LLMClient, text: str, goal: str, max_chars: int = 6000) 
 class CrawlConfig:
     "What `crawl_page` uses: page fetches when the toolbox is online, the summariser and the summary length."
     fetch_timeout_s: float = field(default=10.0, metadata={"help": "seconds a page fetch may take"})
-    summarizer: LLMClient | None = field(default=None, metadata={"help": "an LLM writes the summaries; None: extractive"})
+    summarizer: LLMClient | None = field(default=None,
+                                         metadata={"help": "an LLM writes the summaries; None: extractive"})
     summary_chars: int = field(default=700, metadata={"help": "length of an extractive summary"})
 
-
+# %% ../nbs/02b_crawl.ipynb #c74cbbc8
 def _normalize_urls(text: str) -> str: return " | ".join(normalize_url(u) for u in split_urls(text))
 
-
-@tool("crawl_page", "read web pages; the input is one or more urls separated by |. Returns a summary of each page for the "
-      "current goal.", normalize=_normalize_urls, split=split_urls, dedup=True, task_kinds=("qa", "web"),
+# %% ../nbs/02b_crawl.ipynb #a1efe01e
+@tool("crawl_page", "read web pages; the input is one or more urls separated by |. Returns a summary of each page for "
+      "the current goal.", normalize=_normalize_urls, split=split_urls, dedup=True, task_kinds=("qa", "web"),
       seen_reply="You have already read '{input}' in this task; use the earlier result or try something else.")
 def crawl_page(text: str, ctx: ToolContext) -> str:
-    "Read each URL from the document store (the local index, or what the retrieval server showed; the web when online) and summarise it."
+    """Read each URL from the document store (the local index, or what the retrieval server showed; the web when
+    online) and summarise it."""
     urls = split_urls(text)
     if not urls: raise BadInput("no URL given; write urls separated by |")
     cfg, search, goal = ctx.config(CrawlConfig), ctx.config(SearchConfig), f"{ctx.question} {ctx.last_query}".strip()
@@ -145,12 +154,14 @@ def crawl_page(text: str, ctx: ToolContext) -> str:
             elif ctx.box.online: title, body = fetch_page(url, cfg.fetch_timeout_s)
             else: raise BadInput("not in the local document store (offline)")
             if not body.strip(): raise ToolError("the page has no readable text")
-            summary = llm_summary(cfg.summarizer, body, goal) if cfg.summarizer else extractive_summary(body, goal, cfg.summary_chars, title)
+            summary = (llm_summary(cfg.summarizer, body, goal) if cfg.summarizer
+                       else extractive_summary(body, goal, cfg.summary_chars, title))
             pages.append(f"Page {i} [{url}] Summary: {summary}")
         except ToolError as e:
             failures.append(e)
             pages.append(f"Page {i} [{url}] Error: {e}")
-    if len(failures) == len(urls):  # nothing was read: the call failed, the tool's fault only if some page failed on its side
+    # nothing was read: the call failed, the tool's fault only if some page failed on its side
+    if len(failures) == len(urls):
         kind = next((type(e) for e in failures if isinstance(e, ToolTimeout)), None) or \
                next((ToolError for e in failures if not isinstance(e, BadInput)), BadInput)
         raise kind("\n".join(pages))

@@ -191,7 +191,7 @@ def default_stages() -> list[Stage]:
     "The paper's filter stages, in order (error-correction up-sampling follows them)."
     return [complexity, quality, reflection_enrichment, Deduplicate()]
 
-
+# %% ../nbs/05_distill.ipynb #b3ac54a5
 def stage_name(stage: Stage) -> str:
     return getattr(stage, "name", getattr(stage, "__name__", type(stage).__name__).replace("_", " "))
 

@@ -35,44 +35,48 @@ __all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'grade_e
            'identity_file', 'records', 'eval_config']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
-def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None, no_verdict: float | None = None) -> dict:
-    """One episode's record: task, suite, split, sample, answer, reward (from the answer alone), end, format failure, tool
-    calls, sampled tokens, seconds, trajectory. A judge that gives no verdict raises `JudgeError`; with `no_verdict` the
-    answer scores that instead and the record's `judge_error` says why. An episode the engine failed on (`end:
-    engine_error`) carries the engine's reason in `engine_error`: a failure of the engine, not of the model."""
+def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None,
+                  no_verdict: float | None = None) -> dict:
+    """One episode's record: task, suite, split, sample, answer, reward (from the answer alone), end, format failure,
+    tool calls, sampled tokens, seconds, trajectory. A judge that gives no verdict raises `JudgeError`; with
+    `no_verdict` the answer scores that instead and the record's `judge_error` says why. An episode the engine failed on
+    (`end: engine_error`) carries the engine's reason in `engine_error`: a failure of the engine, not of the model."""
     from afm.grading import JudgeError, grade
     answer, why = (ep.trajectory.answer if ep.trajectory else None), None
     try: reward = grade(task, answer, judge=judge, runner=runner) if answer is not None else 0.0
     except JudgeError as e:
         if no_verdict is None: raise
         reward, why = no_verdict, str(e)
-    return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "kind": task.kind, "hops": task.hops,
-            "answer": answer, "reward": reward, **({"judge_error": why} if why else {}), "end": ep.end,
-            **({"engine_error": ep.format_error} if ep.end == "engine_error" else {}),
+    return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "kind": task.kind,
+            "hops": task.hops, "answer": answer, "reward": reward, **({"judge_error": why} if why else {}),
+            "end": ep.end, **({"engine_error": ep.format_error} if ep.end == "engine_error" else {}),
             "format_failure": ep.format_error is not None or answer is None, "tool_calls": ep.tool_calls,
             "sampled_tokens": ep.sampled_tokens, "seconds": round(ep.seconds, 4),
             "trajectory": ep.trajectory.to_dict() if ep.trajectory else None}
 
-
+# %% ../nbs/08a_evaluate.ipynb #a241dd39
 def evaluate(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = None, config: RolloutConfig | None = None,
              k: int = 1, samples: Sequence[int] | None = None, judge=None, runner=None, progress: bool = False,
              workers: int = 2, no_verdict: float | None = 0.0) -> list[dict]:
     """Roll out each task `k` times (or once, as sample `samples[i]`) and grade each episode (`workers` at a time: code
     runs in the sandbox); in task order, a task's samples together. An answer the judge gives no verdict on scores
-    `no_verdict` (0, as the paper's evaluation scores it), with `judge_error` in its record; None raises `JudgeError`."""
+    `no_verdict` (0, as the paper's evaluation scores it), with `judge_error` in its record; None raises
+    `JudgeError`."""
     from afm.grading import require_judge
     judge = require_judge(tasks, judge)  # web tasks without a judge: refused before anything is generated
     if samples is None: tasks, samples = [t for t in tasks for _ in range(k)], [s for _ in tasks for s in range(k)]
     episodes = rollout(engine, tasks, toolbox, config, progress=progress, samples=samples)
     with ThreadPoolExecutor(max(1, workers)) as ex:
-        return list(ex.map(lambda a: grade_episode(*a, judge=judge, runner=runner, no_verdict=no_verdict), zip(tasks, episodes, samples)))
+        return list(ex.map(lambda a: grade_episode(*a, judge=judge, runner=runner, no_verdict=no_verdict),
+                           zip(tasks, episodes, samples)))
 
 # %% ../nbs/08a_evaluate.ipynb #a6ea864e
 EVAL_SUITES = list(GENERATED_SUITES)  # every generated suite
 MAX_GENERATED = 10_000  # the most questions of a split of a generated suite to ask for (the default world holds fewer)
 
 
-def suite_tasks(per_suite: int, split: str = "test", suites: Sequence[str] = EVAL_SUITES, scale: float = 1.0, seed: int = 0) -> list[Task]:
+def suite_tasks(per_suite: int, split: str = "test", suites: Sequence[str] = EVAL_SUITES, scale: float = 1.0,
+                seed: int = 0) -> list[Task]:
     """The first `per_suite` tasks of `split` of each suite or benchmark of `afm.tasks.load_benchmark`; at most
     `MAX_GENERATED` of a generated suite (its generator would search on for questions the world does not hold)."""
     from afm.tasks import load_benchmark
@@ -87,8 +91,8 @@ def suite_tasks(per_suite: int, split: str = "test", suites: Sequence[str] = EVA
 
 # %% ../nbs/08a_evaluate.ipynb #90d8f7b9
 def suite_chance(tasks: Sequence[Task], scale: float = 1.0, seed: int = 0) -> dict[str, float]:
-    """The chance score (`afm.chance.chance_baseline`) of each generated suite on its tasks among `tasks`, with the suite's
-    `sft` split as what a guesser may have learned from: the number that stands beside every figure."""
+    """The chance score (`afm.chance.chance_baseline`) of each generated suite on its tasks among `tasks`, with the
+    suite's `sft` split as what a guesser may have learned from: the number that stands beside every figure."""
     from afm.tasks import load_benchmark
     from afm.chance import chance_baseline
     groups: dict[str, list[Task]] = {}
@@ -104,55 +108,65 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k: return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
-
+# %% ../nbs/08a_evaluate.ipynb #e70e0dd2
 def by_task(records: Sequence[dict]) -> dict[str, list[dict]]:
     "The records of each task, tasks in first-seen order; the same (task, sample) twice is a ValueError."
     out, seen = {}, set()
     for r in records:
-        if (r["task_id"], r["sample"]) in seen: raise ValueError(f"sample {r['sample']} of task {r['task_id']!r} appears twice")
-        seen.add((r["task_id"], r["sample"])); out.setdefault(r["task_id"], []).append(r)
+        if (r["task_id"], r["sample"]) in seen:
+            raise ValueError(f"sample {r['sample']} of task {r['task_id']!r} appears twice")
+        seen.add((r["task_id"], r["sample"]))
+        out.setdefault(r["task_id"], []).append(r)
     return out
 
 # %% ../nbs/08a_evaluate.ipynb #982de866
-def bootstrap_ci(scores: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float] | None:
-    "The seeded percentile bootstrap interval of the mean of `scores` (one per question, questions resampled); None when empty."
+def bootstrap_ci(scores: Sequence[float], n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float] | None:
+    """The seeded percentile bootstrap interval of the mean of `scores` (one per question, questions resampled); None
+    when empty."""
     import numpy as np
     x = np.asarray(scores, dtype=float)
     if not len(x): return None
-    means = np.concatenate([x[np.random.default_rng([seed, i]).integers(0, len(x), (min(500, n_boot - i), len(x)))].mean(1)
-                            for i in range(0, n_boot, 500)])  # in chunks: memory stays bounded for many questions
+    means = np.concatenate(
+        [x[np.random.default_rng([seed, i]).integers(0, len(x), (min(500, n_boot - i), len(x)))].mean(1)
+         for i in range(0, n_boot, 500)])  # in chunks: memory stays bounded for many questions
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return round(float(lo), 4), round(float(hi), 4)
 
 # %% ../nbs/08a_evaluate.ipynb #66ba1498
 def _row(name: str, rs: list[dict], k: int, chance: dict | None, by: str, seed: int) -> dict:
     per = [[r["reward"] for r in v] for v in by_task(rs).values()]
-    if per and k > (least := min(map(len, per))): raise ValueError(f"pass@{k} needs at least {k} samples of every task; {name} has a task with {least}")
+    if per and k > (least := min(map(len, per))):
+        raise ValueError(f"pass@{k} needs at least {k} samples of every task; {name} has a task with {least}")
     scores, q, m = [sum(v) / len(v) for v in per], max(1, len(per)), max(1, len(rs))
-    return {by: name, "questions": len(per), "samples": len(rs), "avg@k": round(sum(scores) / q, 4), "ci95": bootstrap_ci(scores, seed=seed),
+    return {by: name, "questions": len(per), "samples": len(rs), "avg@k": round(sum(scores) / q, 4),
+            "ci95": bootstrap_ci(scores, seed=seed),
             "pass@1": round(sum(sum(x >= 1 for x in v) / len(v) for v in per) / q, 4),
             "pass@k": round(sum(pass_at_k(len(v), sum(x >= 1 for x in v), k) for v in per) / q, 4), "k": k,
-            "format_failures": round(sum(r["format_failure"] for r in rs) / m, 4), "tool_calls": round(sum(r["tool_calls"] for r in rs) / m, 2),
-            "chance": (chance or {}).get(name)}
+            "format_failures": round(sum(r["format_failure"] for r in rs) / m, 4),
+            "tool_calls": round(sum(r["tool_calls"] for r in rs) / m, 2), "chance": (chance or {}).get(name)}
 
-
-def suite_rows(records: Sequence[dict], k: int = 1, chance: dict[str, float] | None = None, by: str = "suite", seed: int = 0) -> list[dict]:
-    "One row per value of `by` and one over `all`: questions, samples, avg@k with its 95% bootstrap interval, pass@1, pass@k, format failures, tool calls, chance."
+# %% ../nbs/08a_evaluate.ipynb #e6b9b088
+def suite_rows(records: Sequence[dict], k: int = 1, chance: dict[str, float] | None = None, by: str = "suite",
+               seed: int = 0) -> list[dict]:
+    """One row per value of `by` and one over `all`: questions, samples, avg@k with its 95% bootstrap interval,
+    pass@1, pass@k, format failures, tool calls, chance."""
     groups: dict[str, list[dict]] = {}
     for r in records: groups.setdefault(str(r[by]), []).append(r)
     return [_row(g, rs, k, chance, by, seed) for g, rs in [*sorted(groups.items()), ("all", list(records))]]
 
-
-def summarize(records: Sequence[dict], k: int = 1, chance: dict[str, float] | None = None, by: str = "suite") -> dict[str, dict]:
+# %% ../nbs/08a_evaluate.ipynb #ee16ef60
+def summarize(records: Sequence[dict], k: int = 1, chance: dict[str, float] | None = None,
+              by: str = "suite") -> dict[str, dict]:
     "`suite_rows` by name."
     return {r[by]: r for r in suite_rows(records, k, chance, by)}
 
-
+# %% ../nbs/08a_evaluate.ipynb #4d899fa7
 def macro_mean(table: dict[str, dict], suites: Sequence[str], column: str = "avg@k") -> float:
     "The unweighted mean of `column` over `suites` of a `summarize` table."
     return round(sum(table[s][column] for s in suites) / len(suites), 4)
 
-
+# %% ../nbs/08a_evaluate.ipynb #b9926feb
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 3) -> str:
     "Rows as a markdown table: floats to `digits` places, a (low, high) pair as an interval, None as —."
     def cell(v):
@@ -168,9 +182,11 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, d
 def _question_scores(records: Sequence[dict]) -> dict[str, float]:
     return {t: sum(r["reward"] for r in v) / len(v) for t, v in by_task(records).items()}
 
-
-def paired_bootstrap(a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    "A's records against B's on the same questions: the mean difference A - B, its 95% paired bootstrap interval, and the share of resamples with a difference <= 0."
+# %% ../nbs/08a_evaluate.ipynb #cf4b2859
+def paired_bootstrap(a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, seed: int = 0,
+                     level: float = 0.95) -> dict:
+    """A's records against B's on the same questions: the mean difference A - B, its 95% paired bootstrap interval,
+    and the share of resamples with a difference <= 0."""
     import numpy as np
     sa, sb = _question_scores(a), _question_scores(b)
     if not sa or set(sa) != set(sb):
@@ -180,8 +196,8 @@ def paired_bootstrap(a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, s
     d = np.array([sa[t] - sb[t] for t in sorted(sa)])
     means = d[np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))].mean(1)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return {"questions": len(d), "difference": round(float(d.mean()), 4), "ci95": (round(float(lo), 4), round(float(hi), 4)),
-            "share_le_0": round(float((means <= 0).mean()), 4)}
+    return {"questions": len(d), "difference": round(float(d.mean()), 4),
+            "ci95": (round(float(lo), 4), round(float(hi), 4)), "share_le_0": round(float((means <= 0).mean()), 4)}
 
 # %% ../nbs/08a_evaluate.ipynb #113d03cc
 def vote(rec: dict, group: Sequence[dict]) -> float:
@@ -191,34 +207,40 @@ def vote(rec: dict, group: Sequence[dict]) -> float:
     mine = normalize_answer(rec["answer"])
     return sum(r["answer"] is not None and normalize_answer(r["answer"]) == mine for r in group) / len(group)
 
-
+# %% ../nbs/08a_evaluate.ipynb #bcdca52d
 def self_check(rec: dict, group: Sequence[dict]) -> float:
-    "The model's own verification: the last `<double_check>` score (1-4) of the record's trajectory over 4; 0 without one."
+    """The model's own verification: the last `<double_check>` score (1-4) of the record's trajectory over 4; 0
+    without one."""
     from afm.coa import double_check_score
     steps = (rec.get("trajectory") or {}).get("steps") or []
-    scores = [s for s in (double_check_score(x["text"]) for x in steps if x.get("role") == "double_check") if s is not None]
+    scores = [s for s in (double_check_score(x["text"]) for x in steps if x.get("role") == "double_check")
+              if s is not None]
     return scores[-1] / 4 if scores else 0.0
 
-
-def best_of_n(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], float] = vote, n: int | None = None) -> list[dict]:
+# %% ../nbs/08a_evaluate.ipynb #cd73c5ac
+def best_of_n(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], float] = vote,
+              n: int | None = None) -> list[dict]:
     """Per task, the record among its first `n` samples (all when None) that `verifier(record, samples)` scores highest,
     the lowest sample on a tie. The chosen records' mean reward is the Best-of-N score (`suite_rows` of them)."""
     out = []
     for group in by_task(records).values():
         group = sorted(group, key=lambda r: r["sample"])[:n]
-        if n is not None and len(group) < n: raise ValueError(f"best_of_n: task {group[0]['task_id']!r} has {len(group)} samples, fewer than n={n}")
+        if n is not None and len(group) < n:
+            raise ValueError(f"best_of_n: task {group[0]['task_id']!r} has {len(group)} samples, fewer than n={n}")
         out.append(max(group, key=lambda r: (verifier(r, group), -r["sample"])))
     return out
 
 # %% ../nbs/08a_evaluate.ipynb #201788e1
 def choose(candidates: Sequence, records_by_candidate: dict, metric: str = "avg@k"):
-    "The candidate whose `val` records score best on `metric` (a column of the `all` row of `suite_rows`; the first on a tie); a record of another split is a ValueError."
+    """The candidate whose `val` records score best on `metric` (a column of the `all` row of `suite_rows`; the first
+    on a tie); a record of another split is a ValueError."""
     best, best_score = None, -math.inf
     for c in candidates:
         recs = records_by_candidate[c]
         if not recs: raise ValueError(f"choose: candidate {c!r} has no records")
         if bad := next((r for r in recs if r.get("split") != "val"), None):
-            raise ValueError(f"choose: candidate {c!r} has a record of the {bad.get('split')!r} split (task {bad['task_id']!r}); "
+            raise ValueError(f"choose: candidate {c!r} has a record of the {bad.get('split')!r} split (task "
+                             f"{bad['task_id']!r}); "
                              "only validation (val) records may choose, test records only report")
         if (score := suite_rows(recs)[-1][metric]) > best_score: best, best_score = c, score
     return best
@@ -238,7 +260,8 @@ def read_records(path: Path | str) -> list[dict]:
         except ValueError: rec = None
         if not (isinstance(rec, dict) and {"task_id", "sample"} <= set(rec)):
             if i == len(lines) - 2 and not lines[-1]: break  # the last line, damaged
-            raise ValueError(f"{path}:{i + 1}: a damaged record (not a JSON object with task_id and sample); delete that line to redo it")
+            raise ValueError(f"{path}:{i + 1}: a damaged record (not a JSON object with task_id and sample); delete "
+                             "that line to redo it")
         if not isinstance(rec["task_id"], str) or type(rec["sample"]) is not int or rec["sample"] < 0:
             raise ValueError(f"{path}:{i + 1}: a damaged record (task_id {rec['task_id']!r:.60}, sample "
                              f"{rec['sample']!r:.20}: a string and a whole number from 0); delete that line to redo it")
@@ -252,13 +275,13 @@ def read_records(path: Path | str) -> list[dict]:
     by_task(out)  # the same pair twice is an error
     return out
 
-
+# %% ../nbs/08a_evaluate.ipynb #2b967e13
 def _line(rec: dict) -> str:
     "A record as a line of JSON: UTF-8 text, escaped where it is no valid Unicode (a lone surrogate)."
     line = json.dumps(rec, ensure_ascii=False)
     return line if line == line.encode("utf-8", "replace").decode("utf-8") else json.dumps(rec)
 
-
+# %% ../nbs/08a_evaluate.ipynb #86d1b8c2
 def _append(path: Path, recs: Sequence[dict]) -> list[dict]:
     "Append records to `path`, flushed and synced; the records as they will read back."
     lines = [_line(r) for r in recs]
@@ -281,19 +304,21 @@ def weights_stamp(model: str | Path) -> dict:
     weights = folder / "model.safetensors"
     return {"model": str(folder), "weights": weights.stat().st_mtime if weights.is_file() else None}
 
-
+# %% ../nbs/08a_evaluate.ipynb #fb57e280
 def eval_identity(model: dict | str, tasks: Sequence[Task], config: RolloutConfig, k: int = 1, sizes=None) -> dict:
-    "What makes a records file: the model (`weights_stamp`, or a name), the tasks and their splits, samples per task, the rollout config, tool sizes and the code."
+    """What makes a records file: the model (`weights_stamp`, or a name), the tasks and their splits, samples per
+    task, the rollout config, tool sizes and the code."""
     from afm.core import code_digest
     model = model if isinstance(model, dict) else {"model": str(model), "weights": None}
-    return json.loads(json.dumps({**model, "tasks": [t.id for t in tasks], "splits": sorted({t.split for t in tasks}), "k": k,
-                                  "rollout": asdict(config), "tools": str(sizes), "code": code_digest(*RECORDS_CODE)}))
+    return json.loads(json.dumps({**model, "tasks": [t.id for t in tasks], "splits": sorted({t.split for t in tasks}),
+                                  "k": k, "rollout": asdict(config), "tools": str(sizes),
+                                  "code": code_digest(*RECORDS_CODE)}))
 
 # %% ../nbs/08a_evaluate.ipynb #b85c27fb
 class RecordsBusy(RuntimeError):
     "Another process is writing the records file."
 
-
+# %% ../nbs/08a_evaluate.ipynb #63f66495
 def check_out(path: Path | str) -> Path:
     "`path` as a records file: a ValueError naming it when it is a folder, or its folder cannot be made or written."
     path = Path(path)
@@ -304,7 +329,7 @@ def check_out(path: Path | str) -> Path:
         raise ValueError(f"the records file {path} cannot be made: {there} is {why}")
     return path
 
-
+# %% ../nbs/08a_evaluate.ipynb #a2e0935b
 @contextmanager
 def writer_lock(path: Path | str):
     """Be the one writer of the records file `path`: an `flock` on `<path>.lock`, which the kernel drops when the
@@ -343,13 +368,13 @@ class MissingRecords(RuntimeError):
         super().__init__(f"{path}: {self.missing} of {total} pairs are missing: the engine failed on them ({why}); "
                          f"the {total - self.missing} others are saved, and a rerun generates the missing ones")
 
-
+# %% ../nbs/08a_evaluate.ipynb #bcd7c684
 def identity_file(path: Path) -> Path:
     "The identity file of the records file `path`: `<name>.identity.json`, or an older file's `<name>.key.json`."
     new, old = path.with_suffix(".identity.json"), path.with_suffix(".key.json")
     return old if old.is_file() and not new.is_file() else new
 
-
+# %% ../nbs/08a_evaluate.ipynb #44168656
 def _resume(path: Path, identity: dict, stale: str) -> tuple[list[dict], bool]:
     """What a run of `identity` resumes from: the records in `path` (less those an engine failed on, dropped from the
     file to be redone) and whether the file starts afresh; records of another identity are refused (`stale`)."""
@@ -369,7 +394,7 @@ def _resume(path: Path, identity: dict, stale: str) -> tuple[list[dict], bool]:
                          "(afm eval --fresh)")
     return [], True
 
-
+# %% ../nbs/08a_evaluate.ipynb #cd77ad64
 def _start(path: Path, identity: dict) -> None:
     "Start `path` afresh as `identity`: its records removed, the identity written beside it whole or not at all."
     path.unlink(missing_ok=True)
@@ -377,9 +402,9 @@ def _start(path: Path, identity: dict) -> None:
     write_json(path.with_suffix(".identity.json"), identity, indent=1)
 
 # %% ../nbs/08a_evaluate.ipynb #362f993a
-def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequence[Task], toolbox: Toolbox | None = None,
-            config: RolloutConfig | None = None, k: int = 1, identity: dict | None = None, stale: str = "refuse",
-            batch: int = 64,
+def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequence[Task],
+            toolbox: Toolbox | None = None, config: RolloutConfig | None = None, k: int = 1,
+            identity: dict | None = None, stale: str = "refuse", batch: int = 64,
             judge=None, runner=None, progress: bool = False) -> list[dict]:
     """The records of every task's samples 0..k-1, kept in the JSONL file `path` as `identity` (`eval_identity`) by
     one writer: appended `batch` pairs at a time, a rerun evaluating only the missing pairs; another identity is
@@ -390,7 +415,8 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
     if k < 1 or batch < 1: raise ValueError(f"k and batch must be at least 1, got k={k}, batch={batch}")
     if len(tasks) * k > MAX_PAIRS: raise ValueError(f"{len(tasks)} tasks times {k} samples: over {MAX_PAIRS:,} pairs")
     if twice := [t for t, n in Counter(t.id for t in tasks).items() if n > 1]:
-        raise ValueError(f"records: task {twice[0]!r} is listed more than once; a task is sampled more than once through `k`")
+        raise ValueError(f"records: task {twice[0]!r} is listed more than once; a task is sampled more "
+                         "than once through `k`")
     path, config = check_out(path), config or RolloutConfig()
     identity = identity or eval_identity(getattr(engine, "name", "engine"), tasks, config, k)
     path.parent.mkdir(parents=True, exist_ok=True)

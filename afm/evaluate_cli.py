@@ -96,7 +96,7 @@ def _served_tokenizer(model: str):
     tok = load_tokenizer(model)
     return tok, int(getattr(AutoConfig.from_pretrained(model_path(model)), "max_position_embeddings", 32768))
 
-
+# %% ../nbs/08a_evaluate_cli.ipynb #1045e900
 def _listed_models(url: str, what: str = "endpoint", api_key: str = "", strict: bool = True) -> list[str]:
     """The models an OpenAI-compatible server at `url` (with or without /v1) lists; a ValueError naming it when it
     does not answer in 10 s, or refuses the key. Not `strict`: a server answering without a model list (404) is up."""
@@ -183,7 +183,7 @@ def _check_flags(a) -> int:
             raise ValueError(f"--{name.replace('_', '-')} is not UTF-8 text: the command line held bytes that are not")
     return n
 
-
+# %% ../nbs/08a_evaluate_cli.ipynb #1213ce60
 def _read_chance(path: str) -> dict[str, float]:
     "A `--chance` file: a JSON object of suite -> chance rate in [0, 1]; anything else is a ValueError naming the file."
     try: chance = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -220,7 +220,8 @@ def cli_eval(argv: list[str] | None = None) -> int:
         over = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "system": a.system,
                 "prompt_layout": a.prompt_layout, "dialect": a.dialect}
         sampled = True if n > 1 or (a.temperature or 0) > 0 else None  # several samples, or a temperature asked for
-        cfg = eval_config(prof, sampled, f"settings.ini [{a.profile}]", **{k: v for k, v in over.items() if v is not None})
+        cfg = eval_config(prof, sampled, f"settings.ini [{a.profile}]",
+                          **{k: v for k, v in over.items() if v is not None})
         make = _engine(name, a.endpoint, options, a.served_model)
         extra = {**({"toolbox": toolbox} if toolbox else {}), **({"judge": judge.model} if judge else {})}
         identity = eval_identity({**model, **extra}, tasks, cfg, n, tool_sizes(a.profile))

@@ -22,17 +22,21 @@ __all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_exam
            'tool_caller_folder', 'tool_calling_tiny']
 
 # %% ../nbs/07b_fit.ipynb #19988aa9
-TINY_SYSTEM = "Search, then answer."  # the short system prompt of `tool_calling_tiny`; its episodes are prompted with it too
+# the short system prompt of `tool_calling_tiny`; its episodes are prompted with it too
+TINY_SYSTEM = "Search, then answer."
 
 
-def fit_rows(tokenizer, examples: Sequence[tuple[Task, Trajectory]], registry=None, system: str | None = None) -> list[tuple[list[int], list[int]]]:
-    "`(input_ids, labels)` of each (task, trajectory): the chat prompt and the observations masked (-100), the end of turn trained."
+def fit_rows(tokenizer, examples: Sequence[tuple[Task, Trajectory]], registry=None,
+             system: str | None = None) -> list[tuple[list[int], list[int]]]:
+    """`(input_ids, labels)` of each (task, trajectory): the chat prompt and the observations masked (-100), the end
+    of turn trained."""
     rows = []
     for task, traj in examples:
         messages = [{"role": "system", "content": system_prompt(task.kind, registry) if system is None else system},
                     {"role": "user", "content": task.question}]
         prompt = tokenizer.decode(chat_prompt_ids(tokenizer, messages), skip_special_tokens=False)
-        enc = encode(traj, tokenizer, prompt=prompt, suffix=tokenizer.eos_token, tags=registry.tags if registry else None)
+        enc = encode(traj, tokenizer, prompt=prompt, suffix=tokenizer.eos_token,
+                     tags=registry.tags if registry else None)
         rows.append((enc.input_ids, enc.labels))
     return rows
 
@@ -42,10 +46,11 @@ def fit_briefly(model, tokenizer, examples: Sequence[tuple[Task, Trajectory]], s
     "Fit `model` for `steps` AdamW steps on (task, trajectory) pairs (`fit_rows`), leaving it in eval mode; the losses."
     return fit_ids(model, tokenizer, fit_rows(tokenizer, examples, registry, system), steps, lr, batch, seed)
 
-
-def fit_ids(model, tokenizer, rows: Sequence[tuple[list[int], list[int]]], steps: int = 60, lr: float = 3e-3, batch: int = 4,
-            seed: int = 0) -> list[float]:
-    "Fit `model` for `steps` AdamW steps on `(input_ids, labels)` rows (-100: no loss), `batch` drawn at random a step, leaving it in eval mode; the losses."
+# %% ../nbs/07b_fit.ipynb #3da1fd40
+def fit_ids(model, tokenizer, rows: Sequence[tuple[list[int], list[int]]], steps: int = 60, lr: float = 3e-3,
+            batch: int = 4, seed: int = 0) -> list[float]:
+    """Fit `model` for `steps` AdamW steps on `(input_ids, labels)` rows (-100: no loss), `batch` drawn at random a
+    step, leaving it in eval mode; the losses."""
     import random, torch
     rng, opt, losses = random.Random(seed), torch.optim.AdamW(model.parameters(), lr=lr), []
     model.train()
@@ -56,13 +61,17 @@ def fit_ids(model, tokenizer, rows: Sequence[tuple[list[int], list[int]]], steps
         labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in pick])
         mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in pick])
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
     model.eval()
     return losses
 
 # %% ../nbs/07b_fit.ipynb #d4780f51
 def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tuple[Task, Trajectory]]:
-    "(task, trajectory) pairs over the first `tasks` `world-atomic` `sft` questions that the offline teacher answers: one search, then the answer."
+    """(task, trajectory) pairs over the first `tasks` `world-atomic` `sft` questions that the offline teacher
+    answers: one search, then the answer."""
     from afm.coa import Step
     from afm.distill import linearize
     from afm.mas import MultiAgentSystem
@@ -70,7 +79,8 @@ def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tup
     from afm.tasks import load_benchmark
     from afm.world import tool_sizes, world_toolbox
     box = box or world_toolbox(tool_sizes("tiny"))
-    mas, examples = MultiAgentSystem(OfflineTeacher(), world_toolbox()), []  # the teacher picks the queries; `box` answers them
+    # the teacher picks the queries; `box` answers them
+    mas, examples = MultiAgentSystem(OfflineTeacher(), world_toolbox()), []
     for t in load_benchmark("world-atomic", split="sft", sizes={"sft": tasks}):
         if (run := mas.run(t)).status != "answered": continue
         q = next(s.text for s in linearize(run, t).steps if s.role == "web_search")
@@ -80,20 +90,22 @@ def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tup
     return examples
 
 # %% ../nbs/07b_fit.ipynb #cc68b800
-def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TINY_SYSTEM, max_tokens: int = 64) -> float:
+def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TINY_SYSTEM,
+                max_tokens: int = 64) -> float:
     "The share of `tasks` whose first greedy turn is a tool call (`<tool>…</tool>`, cut at the closing tag)."
     from afm.coa import TAGS
     from afm.engine import Request, SamplingParams, TransformersEngine
     params = SamplingParams(max_tokens=max_tokens, temperature=0, stop=tuple(stop_strings()))
-    prompts = [chat_prompt_ids(tokenizer, [{"role": "system", "content": system_prompt(t.kind) if system is None else system},
-                                           {"role": "user", "content": t.question}]) for t in tasks]
+    prompts = [chat_prompt_ids(tokenizer,
+                               [{"role": "system", "content": system_prompt(t.kind) if system is None else system},
+                                {"role": "user", "content": t.question}]) for t in tasks]
     gens = TransformersEngine(model, tokenizer, max_batch=16).generate([Request(p, params) for p in prompts])
     def called(text: str) -> bool:
         text = text.rstrip()
         return any(text.endswith(t.close) and t.open in text for t in TAGS if t.kind == "tool")
     return sum(called(decode(tokenizer, g.ids)) for g in gens) / max(1, len(tasks))
 
-
+# %% ../nbs/07b_fit.ipynb #9a951d5b
 def fit_identity(examples: Sequence[tuple[Task, Trajectory]], threads: int | None = None, **settings) -> dict:
     """What makes a brief fit's weights: the examples, `settings`, the torch, transformers and tokenizers versions,
     torch's thread count."""
@@ -109,8 +121,9 @@ def tool_caller_folder(examples: Sequence[tuple[Task, Trajectory]], steps: int =
     fit = fit_identity(examples, steps=steps, seed=seed, lr=5e-3, batch=2, system=TINY_SYSTEM)
     return cache_dir("models", f"tiny-tool-caller-{identity_digest(fit)}")
 
-
-def tool_calling_tiny(steps: int = 200, tasks: int = 40, seed: int = 0, box: Toolbox | None = None, min_rate: float = 0.75):
+# %% ../nbs/07b_fit.ipynb #cdfb549a
+def tool_calling_tiny(steps: int = 200, tasks: int = 40, seed: int = 0, box: Toolbox | None = None,
+                      min_rate: float = 0.75):
     """`(model, tokenizer)`: the small test `tiny` fitted on `one_search_examples(tasks, box)` until it calls a tool on
     `min_rate` of its training questions (at most 3 rounds of `steps`); cached in `tool_caller_folder`."""
     from afm.models import load, save_model, tiny_chat_model
@@ -123,7 +136,8 @@ def tool_calling_tiny(steps: int = 200, tasks: int = 40, seed: int = 0, box: Too
     for round_ in range(3):
         fit_briefly(model, tok, examples, steps=steps, lr=5e-3, batch=2, seed=seed + round_, system=TINY_SYSTEM)
         if (rate := calls_tools(model, tok, probe)) >= min_rate: break
-    else: raise RuntimeError(f"the tool-calling tiny model calls a tool on {rate:.0%} of its training questions after 3 rounds of "
-                             f"{steps} steps (wanted {min_rate:.0%}); fit longer (steps) or on more examples (tasks)")
+    else: raise RuntimeError(f"the tool-calling tiny model calls a tool on {rate:.0%} of its training questions after "
+                             f"3 rounds of {steps} steps (wanted {min_rate:.0%}); fit longer (steps) or on "
+                             "more examples (tasks)")
     fitted = {"steps": steps, "rounds": round_ + 1, "tasks": tasks, "seed": seed, "calls_tools": rate}
     return load(str(save_model(model, tok, path, {"fitted": fitted})))

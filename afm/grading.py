@@ -53,16 +53,16 @@ def normalize_answer(s: str) -> str:
     s = s.lower().translate(_PUNCT)
     return " ".join(_ARTICLES.sub(" ", s).split())
 
-
+# %% ../nbs/03c_grading.ipynb #0948f883
 def _golds(golds: str | Sequence[str]) -> list[str]: return [golds] if isinstance(golds, str) else list(golds)
 
-
+# %% ../nbs/03c_grading.ipynb #7659f081
 def exact_match(prediction: str, golds: str | Sequence[str]) -> float:
     "1.0 when the normalised prediction equals a normalised gold answer."
     p = normalize_answer(prediction)
     return float(any(p == normalize_answer(g) for g in _golds(golds)))
 
-
+# %% ../nbs/03c_grading.ipynb #9c069f0d
 def token_f1(prediction: str, golds: str | Sequence[str]) -> float:
     "SQuAD token F1 of the prediction against the best-matching gold answer."
     def f1(p: list[str], g: list[str]) -> float:
@@ -72,12 +72,12 @@ def token_f1(prediction: str, golds: str | Sequence[str]) -> float:
     p = normalize_answer(prediction).split()
     return max((f1(p, normalize_answer(g).split()) for g in _golds(golds)), default=0.0)
 
-
+# %% ../nbs/03c_grading.ipynb #63e039a4
 def split_answers(prediction: str) -> list[str]:
     "The `|`-separated parts of an answer, stripped, empty parts dropped."
     return [p.strip() for p in prediction.split("|") if p.strip()]
 
-
+# %% ../nbs/03c_grading.ipynb #a0229ad6
 def answer_text(prediction: str) -> str:
     "The content of the last `<answer>` span of a prediction, or the whole prediction when it has none."
     found = _ANSWER.findall(prediction)
@@ -86,7 +86,7 @@ def answer_text(prediction: str) -> str:
 # %% ../nbs/03c_grading.ipynb #472b1d4d
 def _parts(text: str) -> set[str]: return {normalize_answer(p) for p in split_answers(text)}
 
-
+# %% ../nbs/03c_grading.ipynb #0a811e27
 def grade_em(task: Task, prediction: str) -> float:
     "Strict normalised exact match: every `|`-part must be a gold answer; with `all_of`, the fraction of golds named."
     if not task.answers: raise ValueError(f"task {task.id!r} has no gold answers to grade against")
@@ -104,14 +104,17 @@ def cover_match(prediction: str, gold: str) -> bool:
     g = normalize_answer(gold)
     return bool(g) and f" {g} " in f" {normalize_answer(prediction)} "
 
-
+# %% ../nbs/03c_grading.ipynb #d796a7a4
 def answer_scores(task: Task, prediction: str) -> dict[str, float]:
-    "Strict EM (the reward, `grade_em`), cover-EM and token F1 of a QA or web answer; the last two are reported, never rewarded."
-    if task.kind not in ("qa", "web"): raise ValueError(f"answer_scores: task {task.id!r} is {task.kind!r}; it scores qa and web answers")
+    """Strict EM (the reward, `grade_em`), cover-EM and token F1 of a QA or web answer; the last two are reported,
+    never rewarded."""
+    if task.kind not in ("qa", "web"):
+        raise ValueError(f"answer_scores: task {task.id!r} is {task.kind!r}; it scores qa and web answers")
     text = answer_text(prediction) if isinstance(prediction, str) else ""
     if not text or len(text) > MAX_PREDICTION_CHARS: return {"em": 0.0, "cover_em": 0.0, "f1": 0.0}
     if task.meta.get("all_of"):
-        cover, f1 = sum(cover_match(text, g) for g in task.answers) / len(task.answers), token_f1(text, " ".join(task.answers))
+        cover, f1 = (sum(cover_match(text, g) for g in task.answers) / len(task.answers),
+                     token_f1(text, " ".join(task.answers)))
     else: cover, f1 = float(any(cover_match(text, g) for g in task.answers)), token_f1(text, task.answers)
     return {"em": grade_em(task, text), "cover_em": cover, "f1": f1}
 
@@ -142,7 +145,8 @@ def _math_text(text: str) -> str:
 
 # %% ../nbs/03c_grading.ipynb #1aab53d8
 class MathVerifier:
-    "Math-Verify in worker processes: a hard time limit per answer (the worker is killed past it), safe from any thread."
+    """Math-Verify in worker processes: a hard time limit per answer (the worker is killed past it), safe from any
+    thread."""
 
     def __init__(self, workers: int = 2, timeout_s: float = 10.0, startup_s: float = 120.0):
         self.timeout_s, self.startup_s = timeout_s, startup_s
@@ -156,7 +160,8 @@ class MathVerifier:
         "A fresh worker, once it has imported Math-Verify."
         proc = subprocess.Popen([sys.executable, "-c", _MATH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
-        if self._read(proc, self.startup_s) != "ready": raise RuntimeError("the Math-Verify worker did not start (is math-verify installed?)")
+        if self._read(proc, self.startup_s) != "ready":
+            raise RuntimeError("the Math-Verify worker did not start (is math-verify installed?)")
         return proc
 
     def _read(self, proc, timeout_s: float) -> str | None:
@@ -164,7 +169,8 @@ class MathVerifier:
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
         line = proc.stdout.readline() if ready else ""
         if not line:
-            proc.kill(); proc.wait()
+            proc.kill()
+            proc.wait()
             with self._lock: self.killed += 1
             return None
         return line.strip()
@@ -175,7 +181,8 @@ class MathVerifier:
             with self._lock: proc = self._idle.pop() if self._idle else None
             proc = proc if proc is not None and proc.poll() is None else self._spawn()
             try:
-                proc.stdin.write(json.dumps({"golds": list(golds), "prediction": prediction}) + "\n"); proc.stdin.flush()
+                proc.stdin.write(json.dumps({"golds": list(golds), "prediction": prediction}) + "\n")
+                proc.stdin.flush()
                 reply = self._read(proc, self.timeout_s)
             except BrokenPipeError: reply = None
             if reply is not None:
@@ -185,7 +192,9 @@ class MathVerifier:
     def close(self) -> None:
         "Stop the idle workers."
         with self._lock: procs, self._idle = self._idle, []
-        for proc in procs: proc.kill(); proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 # %% ../nbs/03c_grading.ipynb #747bde0e
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -198,13 +207,16 @@ def boxed_contents(text: str) -> list[str]:
     while m := _BOX.search(text, pos):
         depth, i = 1, m.end()
         while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0); i += 1
-        out.append(text[m.end(): i - 1 if depth == 0 else i]); pos = i
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out.append(text[m.end(): i - 1 if depth == 0 else i])
+        pos = i
     return out
 
-
+# %% ../nbs/03c_grading.ipynb #ea6729ae
 def final_answers(text: str, bars_are_math: bool = False) -> list[str]:
-    "The distinct final answers of a math prediction: each boxed content (else the text), split on `|` unless bars are math."
+    """The distinct final answers of a math prediction: each boxed content (else the text), split on `|` unless bars
+    are math."""
     finals = boxed_contents(text) or [text]
     parts = finals if bars_are_math else [p for f in finals for p in split_answers(f)]
     return list(dict.fromkeys(p.strip() for p in parts if p.strip()))
@@ -220,11 +232,13 @@ def math_verifier() -> MathVerifier:
         if not _VERIFIER: _VERIFIER.append(MathVerifier())
     return _VERIFIER[0]
 
-
+# %% ../nbs/03c_grading.ipynb #8088253d
 def grade_math(task: Task, prediction: str) -> float:
-    "1.0 when Math-Verify finds the final answer equal to a gold one; several final answers must each be one, or form a listed gold."
+    """1.0 when Math-Verify finds the final answer equal to a gold one; several final answers must each be one, or
+    form a listed gold."""
     golds, verifier = [_math_text(g) for g in task.answers], math_verifier()
-    finals = final_answers(prediction, bars_are_math=any(b in g for g in task.answers for b in ("|", "\\vert", "\\mid")))
+    finals = final_answers(prediction,
+                           bars_are_math=any(b in g for g in task.answers for b in ("|", "\\vert", "\\mid")))
     if len(finals) <= 1: return float(verifier.equivalent(golds, _math_text(prediction)))
     if len(finals) > MAX_FINAL_ANSWERS: return 0.0
     if all(verifier.equivalent(golds, _math_text(f)) for f in finals): return 1.0
@@ -241,29 +255,30 @@ def strip_fences(text: str) -> str:
         if lang.lower() in ("", "python", "py", "python3"): return body
     return text
 
-
+# %% ../nbs/03c_grading.ipynb #37bb28e3
 def is_code(code: str) -> bool:
     "True when `code` compiles as Python (it is not run)."
     try: compile(code, "<answer>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError): return False
     return True
 
-
+# %% ../nbs/03c_grading.ipynb #586ed5a9
 def _same_output(got: str, want: str) -> bool:
     "Equal stdout up to trailing whitespace on each line and at the end."
     norm = lambda s: "\n".join(line.rstrip() for line in s.rstrip().splitlines())
     return norm(got) == norm(want)
 
-
+# %% ../nbs/03c_grading.ipynb #03f3f277
 def _passes_tests(tests: dict, code: str, timeout_s: float, runner: Callable[..., Any]) -> bool:
-    "Run a `check`/`script` test in `afm.harness` (tests and solution in separate processes); pass only on its verdict line."
+    """Run a `check`/`script` test in `afm.harness` (tests and solution in separate processes); pass only on its
+    verdict line."""
     nonce = secrets.token_hex(16)
     job = {"nonce": nonce, "prelude": tests.get("prelude", ""), "solution": code, "tests": tests["code"],
            "entry": tests["entry_point"] if tests["style"] == "check" else None}
     r = runner(_harness_program(), stdin=json.dumps(job), timeout_s=timeout_s)
     return r.status == "ok" and r.stdout.rstrip("\n").rpartition("\n")[2] == f"{nonce} {harness.PASSED}"
 
-
+# %% ../nbs/03c_grading.ipynb #43fc817c
 _harness_program = functools.cache(harness.program)
 
 
@@ -273,7 +288,7 @@ def _timeout_of(task: Task, default: float) -> float:
     except (TypeError, ValueError): return default
     return t if math.isfinite(t) and 0 < t <= 3600 else default
 
-
+# %% ../nbs/03c_grading.ipynb #8537bd51
 def grade_code(task: Task, prediction: str, timeout_s: float = 10.0, partial: bool = False,
                runner: Callable[..., Any] | None = None) -> float:
     "Run the task's tests on the predicted code in the sandbox (`runner`, default `run_warm`): 1.0 if all pass."
@@ -304,33 +319,36 @@ gives only part of what the gold answer requires, or gives no answer. It is also
 that lists several candidates (for example separated by |) is correct only if every one of them is the gold answer or
 part of it; a list with any other candidate in it is incorrect, even if the right answer is among them.
 
-Reply with only a JSON object: {{"rationale": "<one or two sentences>", "judgement": "correct" or "incorrect"}}"""
-JUDGE_RETRY = 'That reply was not a JSON object with a "judgement" of "correct" or "incorrect". Reply with only the JSON object.'
+Reply with only a JSON object: {{"rationale": "<one or two sentences>", "judgement": "correct" or "incorrect"}}"""  # noqa: E501
+JUDGE_RETRY = ('That reply was not a JSON object with a "judgement" of "correct" or "incorrect". Reply with '
+               'only the JSON object.')
 _VERDICT = re.compile(r"""["']?judge?ment["']?\s*[:=]\s*["']?(correct|incorrect)\b""", re.I)
 
 
 class JudgeError(RuntimeError):
     "The judge gave no usable verdict."
 
-
+# %% ../nbs/03c_grading.ipynb #54bbb861
 @dataclass(frozen=True)
 class Judgement:
     "A judge's verdict and its reason."
     correct: bool
     rationale: str = ""
 
-
+# %% ../nbs/03c_grading.ipynb #91deabec
 def _verdict_of(obj: Any) -> Judgement | None:
     "The verdict in a parsed JSON object, if it holds one."
     if not isinstance(obj, dict): return None
     v = next((obj[k] for k in obj if isinstance(k, str) and k.lower() in ("judgement", "judgment")), None)
     why = str(obj.get("rationale", ""))
-    if isinstance(v, str) and v.strip().lower() in ("correct", "incorrect"): return Judgement(v.strip().lower() == "correct", why)
+    if isinstance(v, str) and v.strip().lower() in ("correct", "incorrect"):
+        return Judgement(v.strip().lower() == "correct", why)
     return Judgement(v, why) if isinstance(v, bool) else None
 
-
+# %% ../nbs/03c_grading.ipynb #a1885e7d
 def parse_judgement(text: str) -> Judgement | None:
-    "The verdict in a judge's reply: the first JSON (or Python-literal) object with a judgement, else a `judgement: …` pair."
+    """The verdict in a judge's reply: the first JSON (or Python-literal) object with a judgement, else a
+    `judgement: …` pair."""
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try: obj = decoder.raw_decode(text, m.start())[0]
@@ -351,9 +369,11 @@ def judge_gold(task: Task) -> str:
 
 # %% ../nbs/03c_grading.ipynb #d9b3437f
 class LLMJudge:
-    "The paper's binary LLM judge over an OpenAI-compatible endpoint (an `afm.llm.LLMClient`), with an in-memory and optional sqlite cache."
+    """The paper's binary LLM judge over an OpenAI-compatible endpoint (an `afm.llm.LLMClient`), with an in-memory
+    and optional sqlite cache."""
 
-    def __init__(self, endpoint: LLMClient, cache_path: Path | str | None = None, attempts: int = 3, max_tokens: int = 512):
+    def __init__(self, endpoint: LLMClient, cache_path: Path | str | None = None, attempts: int = 3,
+                 max_tokens: int = 512):
         if attempts < 1: raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.endpoint, self.attempts, self.max_tokens = endpoint, attempts, max_tokens
         self.model = getattr(endpoint, "model", "")
@@ -364,18 +384,21 @@ class LLMJudge:
         if cache_path is not None:
             Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(cache_path), check_same_thread=False, isolation_level=None)
-            self._db.execute("CREATE TABLE IF NOT EXISTS judgements (key TEXT PRIMARY KEY, correct INTEGER, rationale TEXT, "
-                             "model TEXT, question TEXT, gold TEXT, prediction TEXT, created REAL)")
+            self._db.execute("CREATE TABLE IF NOT EXISTS judgements (key TEXT PRIMARY KEY, correct INTEGER, rationale "
+                             "TEXT, model TEXT, question TEXT, gold TEXT, prediction TEXT, created REAL)")
 
     def key(self, question: str, gold: str, prediction: str) -> str:
-        "The cache key of one judgement: the model, the prompts it is given (a verdict under an older prompt is not reused) and the texts."
-        return hashlib.sha256(json.dumps([self.model, JUDGE_SYSTEM, JUDGE_PROMPT, question, gold, prediction]).encode()).hexdigest()
+        """The cache key of one judgement: the model, the prompts it is given (a verdict under an older prompt is not
+        reused) and the texts."""
+        return hashlib.sha256(json.dumps([self.model, JUDGE_SYSTEM, JUDGE_PROMPT, question, gold,
+                                          prediction]).encode()).hexdigest()
 
     def _cached(self, key: str) -> Judgement | None:
         "A judgement from memory or the sqlite file."
         with self._lock:
             if key in self._memory: return self._memory[key]
-            row = self._db.execute("SELECT correct, rationale FROM judgements WHERE key=?", (key,)).fetchone() if self._db else None
+            row = (self._db.execute("SELECT correct, rationale FROM judgements WHERE key=?", (key,)).fetchone()
+                   if self._db else None)
             if row: self._memory[key] = Judgement(bool(row[0]), row[1])
             return self._memory.get(key)
 
@@ -384,14 +407,17 @@ class LLMJudge:
         with self._lock:
             self._memory[key] = j
             if self._db: self._db.execute("INSERT OR REPLACE INTO judgements VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                          (key, int(j.correct), j.rationale, self.model, question, gold, prediction, time.time()))
+                                          (key, int(j.correct), j.rationale, self.model, question, gold, prediction,
+                                           time.time()))
 
     def judge(self, question: str, gold: str, prediction: str) -> Judgement:
-        "Whether `prediction` is semantically equivalent to `gold`; unparsable replies are asked again, then JudgeError."
+        """Whether `prediction` is semantically equivalent to `gold`; unparsable replies are asked again, then
+        JudgeError."""
         key = self.key(question, gold, prediction)
         if (hit := self._cached(key)) is not None: return hit
         messages = [{"role": "system", "content": JUDGE_SYSTEM},
-                    {"role": "user", "content": JUDGE_PROMPT.format(question=question, gold=gold, prediction=prediction)}]
+                    {"role": "user",
+                     "content": JUDGE_PROMPT.format(question=question, gold=gold, prediction=prediction)}]
         reply = ""
         for _ in range(self.attempts):
             with self._lock: self.requests += 1
@@ -400,7 +426,8 @@ class LLMJudge:
                 self._store(key, j, question, gold, prediction)
                 return j
             messages = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": JUDGE_RETRY}]
-        raise JudgeError(f"judge {self.model!r} gave no verdict in {self.attempts} replies; the last was {reply[:200]!r}")
+        raise JudgeError(f"judge {self.model!r} gave no verdict in {self.attempts} replies; the "
+                         f"last was {reply[:200]!r}")
 
     def grade(self, task: Task, prediction: str) -> float:
         "1.0 when the judge finds the prediction equivalent to the task's gold answer."
@@ -408,7 +435,9 @@ class LLMJudge:
 
     def close(self) -> None:
         "Close the sqlite cache."
-        if self._db: self._db.close(); self._db = None
+        if self._db:
+            self._db.close()
+            self._db = None
 
 # %% ../nbs/03c_grading.ipynb #7e179cf1
 _JUDGES: dict[tuple, LLMJudge] = {}
@@ -426,27 +455,34 @@ def default_judge() -> LLMJudge | None:
 class NoJudgeError(ValueError):
     "A web task to grade and no LLM judge: none passed and `AFM_JUDGE_BASE_URL` unset."
 
-
+# %% ../nbs/03c_grading.ipynb #b0ae2655
 def require_judge(tasks: Sequence[Task], judge: LLMJudge | None = None) -> LLMJudge | None:
-    "The judge for `tasks`' web answers: `judge`, else the configured one; `NoJudgeError` naming the first web task when there is none (None when no task is web)."
+    """The judge for `tasks`' web answers: `judge`, else the configured one; `NoJudgeError` naming the first web task
+    when there is none (None when no task is web)."""
     if judge is not None: return judge
     if (web := next((t for t in tasks if t.kind == "web"), None)) is None: return None
     if (judge := default_judge()) is None:
-        raise NoJudgeError(f"task {web.id!r} is a web task, graded by the LLM judge, and no judge is configured: set AFM_JUDGE_BASE_URL "
+        raise NoJudgeError(f"task {web.id!r} is a web task, graded by the LLM judge, and no judge is configured: "
+                           "set AFM_JUDGE_BASE_URL "
                            "(and AFM_JUDGE_MODEL, AFM_JUDGE_API_KEY) to an OpenAI-compatible endpoint, or pass judge=")
     return judge
 
-
+# %% ../nbs/03c_grading.ipynb #0cb12c5b
 def grade_web(task: Task, prediction: str, judge: LLMJudge | None = None) -> float:
-    "The LLM judge's verdict (the judge given, else the configured one); `NoJudgeError` without a judge, never a fallback to exact match."
+    """The LLM judge's verdict (the judge given, else the configured one); `NoJudgeError` without a judge, never a
+    fallback to exact match."""
     return require_judge([task], judge).grade(task, prediction)
 
-
-def grade(task: Task, prediction: str, judge: LLMJudge | None = None, runner: Callable[..., Any] | None = None) -> float:
-    "Score a prediction (the `<answer>` text) for a task in [0, 1]; bad predictions score 0.0 and never raise (a web task without a judge does: `NoJudgeError`)."
-    if task.kind == "web": judge = require_judge([task], judge)  # before the prediction is read: no web grade without the judge
+# %% ../nbs/03c_grading.ipynb #c2f67fbc
+def grade(task: Task, prediction: str, judge: LLMJudge | None = None,
+          runner: Callable[..., Any] | None = None) -> float:
+    """Score a prediction (the `<answer>` text) for a task in [0, 1]; bad predictions score 0.0 and never raise (a
+    web task without a judge does: `NoJudgeError`)."""
+    # before the prediction is read: no web grade without the judge
+    if task.kind == "web": judge = require_judge([task], judge)
     if not isinstance(prediction, str): return 0.0
-    text = answer_text(prediction).encode("utf-8", "replace").decode("utf-8")   # lone surrogates cannot reach a sandbox or endpoint
+    # lone surrogates cannot reach a sandbox or endpoint
+    text = answer_text(prediction).encode("utf-8", "replace").decode("utf-8")
     if not text or len(text) > MAX_PREDICTION_CHARS: return 0.0
     if task.kind == "qa": return grade_em(task, text)
     if task.kind == "math": return grade_math(task, text)

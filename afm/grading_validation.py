@@ -70,7 +70,7 @@ def _decimal(q: Fraction) -> str | None:
     s = str(abs(q.numerator) * 10 ** digits // q.denominator).rjust(digits + 1, "0")
     return ("-" if q < 0 else "") + (f"{s[:-digits]}.{s[-digits:]}" if digits else s)
 
-
+# %% ../nbs/03c_grading_validation.ipynb #150aa9f7
 def math_surface_forms(gold: str) -> dict[str, str]:
     "Equivalent rewritings of a gold answer, by name: always `boxed`, and numeric forms where the answer allows them."
     core = gold.strip().strip("$").strip()
@@ -92,7 +92,7 @@ def math_surface_forms(gold: str) -> dict[str, str]:
         forms["radical"] = "\\boxed{" + _RADICAL.sub(lambda m: f"\\sqrt{{{int(m[1]) ** 2 * int(m[2])}}}", core) + "}"
     return forms
 
-
+# %% ../nbs/03c_grading_validation.ipynb #9ee123a1
 def math_wrong_form(gold: str) -> str | None:
     "A wrong answer close to a numeric gold answer (the gold plus one), boxed; None when the gold is not a number."
     core = gold.strip().strip("$").strip()
@@ -184,7 +184,7 @@ def reward_hacks(entry_point: str) -> dict[str, str]:
     fallback = "def _hack(*args, **kwargs):\n    return None\n"
     return {name: code + ("" if "def _hack" in code else fallback) + bind for name, code in _HACKS.items()}
 
-
+# %% ../nbs/03c_grading_validation.ipynb #279f9b47
 def hack_scores(task: Task, runner: Callable[..., Any] | None = None) -> dict[str, float]:
     "The grade of each of `reward_hacks` on a `check`/`script` code task: all 0.0 for a grader a policy cannot fool."
     if task.tests is None or task.tests.get("style") not in ("check", "script"):

@@ -29,7 +29,7 @@ _TYPES = {tag: t for t, tag in _TAGS.items()}
 class CandidateError(Exception):
     "The solution failed in a way the tests cannot see as a built-in exception (or its process is gone)."
 
-
+# %% ../nbs/02e_harness.ipynb #43b23533
 def encode(value, other):
     "`value` as JSON-ready plain data; a value not of an exact built-in type becomes `other(value)`."
     t = type(value)
@@ -40,11 +40,12 @@ def encode(value, other):
     if t is complex: return ["c", [value.real, value.imag]]
     return other(value)
 
-
+# %% ../nbs/02e_harness.ipynb #24fc0768
 def decode(data, ref):
     "The value `encode` wrote; a reference `['r', n]` becomes `ref(n)`. Malformed data raises."
     if data is None or type(data) in (bool, int, float, str): return data
-    if type(data) is not list or len(data) != 2 or type(data[0]) is not str: raise CandidateError(f"not plain data: {data!r:.80}")
+    if type(data) is not list or len(data) != 2 or type(data[0]) is not str:
+        raise CandidateError(f"not plain data: {data!r:.80}")
     tag, body = data
     if tag in _TYPES: return _TYPES[tag](decode(v, ref) for v in body)
     if tag == "d": return {decode(k, ref): decode(v, ref) for k, v in body}
@@ -57,12 +58,13 @@ def decode(data, ref):
 def _error(e: BaseException) -> dict:
     return {"err": [type(e).__name__, str(e)[:2000]]}
 
-
+# %% ../nbs/02e_harness.ipynb #04ff98c5
 _EXACT = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
 
 
 def _plain_copy(value):
-    "A value of a subclass of a built-in type (a `Counter`, a named tuple, a NumPy scalar) as that built-in type, else None."
+    """A value of a subclass of a built-in type (a `Counter`, a named tuple, a NumPy scalar) as that built-in type,
+    else None."""
     import numbers
     for base in _EXACT:
         if isinstance(value, base): return base(value)
@@ -70,7 +72,7 @@ def _plain_copy(value):
         if isinstance(value, abc): return base(value)
     return None
 
-
+# %% ../nbs/02e_harness.ipynb #f4e3b9ae
 def serve(requests, replies) -> None:
     "The solution's process: load the solution named by the first request, then answer calls and attribute reads."
     objects = []
@@ -103,7 +105,7 @@ def serve(requests, replies) -> None:
             reply = _error(e)
         answer(reply)
 
-
+# %% ../nbs/02e_harness.ipynb #c12f56a3
 def child() -> None:
     "Entry point of the solution's process: keep the pipe to the tests, point stdin at /dev/null and stdout at stderr."
     requests, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
@@ -142,7 +144,7 @@ class Link:
             raise TypeError(f"a test may pass the solution plain data only, not {type(v).__name__}")
         return encode(value, other)
 
-
+# %% ../nbs/02e_harness.ipynb #638643f6
 class Remote:
     "An object of the solution's process: calling it or reading an attribute asks that process; it equals only itself."
     __slots__ = ("_link", "_ref")
@@ -163,7 +165,9 @@ class Remote:
 
     def _refuse(self, *args):
         raise TypeError("a test cannot compare, hash, test or iterate a solution's object that is not plain data")
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __bool__ = __len__ = __iter__ = __contains__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __bool__ = __len__ = __iter__ = __contains__ = (
+        _refuse
+    )
 
     def __repr__(self) -> str:
         return f"<solution object #{self._ref}>"
@@ -174,9 +178,10 @@ def _undumpable() -> None:
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
-
+# %% ../nbs/02e_harness.ipynb #239076dc
 def main(source: str) -> None:
-    "The tests' process: read the job from stdin, start the solution's process (running `source`'s `child`), run the tests."
+    """The tests' process: read the job from stdin, start the solution's process (running `source`'s `child`), run
+    the tests."""
     _undumpable()
     job = json.loads(sys.stdin.read())
     os.close(0)
@@ -195,7 +200,7 @@ def main(source: str) -> None:
     proc.kill()
     print(f"{job['nonce']} {PASSED}", flush=True)
 
-
+# %% ../nbs/02e_harness.ipynb #a658b690
 def program() -> str:
     "The sandbox program of a grade: this module's source, run as `main`."
     with open(importlib.util.find_spec("afm.harness").origin, encoding="utf-8") as f: source = f.read()

@@ -37,7 +37,7 @@ class Completion:
     backend: str
     finish_reason: str = "stop"  # stop: end of turn or a stop string; length: max_tokens reached
 
-
+# %% ../nbs/01_llm.ipynb #fd0bdd4a
 @runtime_checkable
 class ChatBackend(Protocol):
     "Anything that completes chat messages: OpenAI-compatible endpoints, a local model, a scripted policy."
@@ -46,11 +46,11 @@ class ChatBackend(Protocol):
     def complete(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7,
                  stop: list[str] | None = None) -> Completion: ...
 
-
+# %% ../nbs/01_llm.ipynb #a2482e9b
 class BackendError(RuntimeError):
     "A chat backend gave no completion; the message names the endpoint(s) and the last error."
 
-
+# %% ../nbs/01_llm.ipynb #3b0100c3
 TEMPERATURE, TOP_P = "[0, 2]", "(0, 1]"  # the OpenAI API's ranges: every sampler, endpoint and config here checks these
 
 
@@ -66,12 +66,13 @@ def check_request(messages: list[dict], max_tokens: int, temperature: float, sto
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
         raise ValueError(f"stop must be a list of non-empty strings, got {stop!r:.80}")
 
-
+# %% ../nbs/01_llm.ipynb #323ba414
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def count_tokens(text: str) -> int:
-    "A tokenizer-free token count (words and punctuation marks), for accounting when no tokenizer or server count exists."
+    """A tokenizer-free token count (words and punctuation marks), for accounting when no tokenizer or server count
+    exists."""
     return len(_TOKEN.findall(text))
 
 # %% ../nbs/01_llm.ipynb #1775fe08
@@ -105,8 +106,10 @@ class Endpoint:
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise ValueError(f"{self.url}: not a chat completion ({type(e).__name__}: {e}): {r.text[:200]!r}") from None
         usage = data.get("usage")
-        exact = isinstance(usage, dict) and all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens"))
-        return {"text": text or "", "usage": usage if exact else None, "finish_reason": choice.get("finish_reason") or "stop"}
+        exact = isinstance(usage, dict) and all(isinstance(usage.get(k), int)
+                                                for k in ("prompt_tokens", "completion_tokens"))
+        return {"text": text or "", "usage": usage if exact else None,
+                "finish_reason": choice.get("finish_reason") or "stop"}
 
 # %% ../nbs/01_llm.ipynb #99cdbf07
 RETRY_STATUS = frozenset({408, 429})  # the 4xx statuses that mean "try again later"; every other 4xx is final
@@ -114,16 +117,18 @@ RETRY_STATUS = frozenset({408, 429})  # the 4xx statuses that mean "try again la
 
 def retryable(e: BaseException) -> bool:
     "Whether another attempt may succeed: transport errors, 5xx, 408, 429 and malformed bodies yes; other 4xx no."
-    if isinstance(e, httpx.HTTPStatusError): return e.response.status_code >= 500 or e.response.status_code in RETRY_STATUS
+    if isinstance(e, httpx.HTTPStatusError):
+        return e.response.status_code >= 500 or e.response.status_code in RETRY_STATUS
     return isinstance(e, (httpx.RequestError, ValueError))
 
-
+# %% ../nbs/01_llm.ipynb #36d2d793
 def retry_policy(retries: int, wait) -> tenacity.Retrying:
-    "Up to `retries` more attempts after a failure that `retryable` allows, `wait(state)` seconds apart; the last error is re-raised."
+    """Up to `retries` more attempts after a failure that `retryable` allows, `wait(state)` seconds apart; the last
+    error is re-raised."""
     return tenacity.Retrying(stop=tenacity.stop_after_attempt(retries + 1), wait=wait,
                              retry=tenacity.retry_if_exception(retryable), reraise=True)
 
-
+# %% ../nbs/01_llm.ipynb #5e99de47
 def _server_message(r: httpx.Response) -> str:
     "The message of an error body (OpenAI's `{error: {message}}` or vLLM's `{message}`), else the start of the body."
     try:
@@ -131,14 +136,14 @@ def _server_message(r: httpx.Response) -> str:
         return str(body.get("error", body)["message"])[:300]
     except (ValueError, KeyError, TypeError, AttributeError): return r.text[:200]
 
-
+# %% ../nbs/01_llm.ipynb #365721f7
 def describe_failure(e: BaseException, timeout_s: float) -> str:
     "A failed attempt in a few words: the HTTP status and the server's message, the timeout, or the exception."
     if isinstance(e, httpx.HTTPStatusError): return f"HTTP {e.response.status_code}: {_server_message(e.response)}"
     if isinstance(e, httpx.TimeoutException): return f"timed out after {timeout_s:g} s ({type(e).__name__})"
     return f"{type(e).__name__}: {e}"
 
-
+# %% ../nbs/01_llm.ipynb #7d551057
 @dataclass(eq=False)
 class _Slot:
     "One endpoint with its connection pool and its load: requests in flight, when last picked, failures in a row."
@@ -162,12 +167,14 @@ class LLMClient:
         if retries < 0: raise ValueError(f"retries must be at least 0, got {retries}")
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._slots = [_Slot(e, httpx.Client(limits=limits)) for e in endpoints]
-        self.retries, self.max_concurrency, self.backoff_s, self.max_backoff_s = retries, max_concurrency, backoff_s, max_backoff_s
+        self.retries, self.max_concurrency, self.backoff_s, self.max_backoff_s = (
+            retries, max_concurrency, backoff_s, max_backoff_s)
         self.name = "openai:" + ",".join(dict.fromkeys(e.model for e in endpoints))
         self._sem, self._lock, self._picks = threading.BoundedSemaphore(max_concurrency), threading.Lock(), 0
 
     @classmethod
-    def from_env(cls, prefix: str, max_concurrency: int = 8, timeout_s: float = 60.0, retries: int = 2) -> LLMClient | None:
+    def from_env(cls, prefix: str, max_concurrency: int = 8, timeout_s: float = 60.0,
+                 retries: int = 2) -> LLMClient | None:
         "The client named by `<prefix>_BASE_URL` (comma-separated for several), `_MODEL` and `_API_KEY`; None if unset."
         urls = [u.strip() for u in os.environ.get(f"{prefix}_BASE_URL", "").split(",") if u.strip()]
         if not urls: return None
@@ -181,14 +188,16 @@ class LLMClient:
 
     def complete(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7,
                  stop: list[str] | None = None) -> Completion:
-        "One completion; failed attempts move to another endpoint, back off once all have failed, and 4xx fails at once."
+        """One completion; failed attempts move to another endpoint, back off once all have failed, and 4xx fails at
+        once."""
         check_request(messages, max_tokens, temperature, stop)
         t0, tried, errors = time.perf_counter(), set(), {}
         rounds = 0
         def pause(_state) -> float:  # no pause while an endpoint is still untried for this request
             nonlocal rounds
             if len(tried) < len(self._slots): return 0.0
-            tried.clear(); rounds += 1
+            tried.clear()
+            rounds += 1
             return self._delay(rounds) * random.uniform(0.5, 1.0)
         policy = retry_policy(self.retries, pause)
         try:
@@ -198,7 +207,8 @@ class LLMClient:
             if not retryable(e):
                 url = next(reversed(errors))
                 raise BackendError(f"{url} rejected the request (not retried): {errors[url]}") from None
-            raise BackendError(f"{self.name}: no completion after {self.retries + 1} attempts; last error per endpoint: "
+            raise BackendError(f"{self.name}: no completion after {self.retries + 1} attempts; last "
+                               "error per endpoint: "
                                + "; ".join(f"{u}: {m}" for u, m in errors.items())) from None
         return self._completion(out, slot, messages, t0)
 
@@ -210,8 +220,10 @@ class LLMClient:
         "The backoff after the `n`-th failure in a row."
         return min(self.max_backoff_s, self.backoff_s * 2 ** (n - 1))
 
-    def _attempt(self, tried: set[_Slot], errors: dict[str, str], messages, max_tokens, temperature, stop) -> tuple[_Slot, dict]:
-        "One try on the least busy endpoint not yet tried, holding a concurrency slot; a failure is noted and re-raised."
+    def _attempt(self, tried: set[_Slot], errors: dict[str, str], messages, max_tokens, temperature,
+                 stop) -> tuple[_Slot, dict]:
+        """One try on the least busy endpoint not yet tried, holding a concurrency slot; a failure is noted and
+        re-raised."""
         with self._sem:
             slot, failed = self._acquire(tried), True
             try:
@@ -228,7 +240,8 @@ class LLMClient:
         "The untried endpoint to use now: not recently failing, fewest in flight, least recently picked."
         now = time.monotonic()
         with self._lock:
-            slot = min((s for s in self._slots if s not in tried), key=lambda s: (s.avoid_until > now, s.in_flight, s.last_pick))
+            slot = min((s for s in self._slots if s not in tried),
+                       key=lambda s: (s.avoid_until > now, s.in_flight, s.last_pick))
             self._picks += 1
             slot.in_flight, slot.requests, slot.last_pick = slot.in_flight + 1, slot.requests + 1, self._picks
         return slot
@@ -242,17 +255,19 @@ class LLMClient:
 
     def _completion(self, out: dict, slot: _Slot, messages: list[dict], t0: float) -> Completion:
         "The `Completion` of a response; usage estimated, and the backend name saying so, when the server sent none."
-        name, u, seconds = f"openai:{slot.endpoint.model}@{slot.endpoint.base_url}", out["usage"], time.perf_counter() - t0
+        name, u, seconds = (f"openai:{slot.endpoint.model}@{slot.endpoint.base_url}", out["usage"],
+                            time.perf_counter() - t0)
         if u is None:
-            u = {"prompt_tokens": sum(count_tokens(m["content"]) + 4 for m in messages), "completion_tokens": count_tokens(out["text"])}
+            u = {"prompt_tokens": sum(count_tokens(m["content"]) + 4 for m in messages),
+                 "completion_tokens": count_tokens(out["text"])}
             name += " (usage estimated)"
         return Completion(out["text"], u["prompt_tokens"], u["completion_tokens"], seconds, name, out["finish_reason"])
 
     def stats(self) -> list[dict]:
         "Per endpoint: requests sent, requests in flight now, and failures in a row."
         with self._lock:
-            return [{"url": s.endpoint.base_url, "requests": s.requests, "in_flight": s.in_flight, "failures": s.failures}
-                    for s in self._slots]
+            return [{"url": s.endpoint.base_url, "requests": s.requests, "in_flight": s.in_flight,
+                     "failures": s.failures} for s in self._slots]
 
     def close(self) -> None:
         "Close the connection pools."
@@ -260,9 +275,12 @@ class LLMClient:
 
 # %% ../nbs/01_llm.ipynb #1f1e9ec5
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0):
-    "Run an ASGI app with uvicorn in a daemon thread; returns `(server, base_url)`. Stop with `server.should_exit = True`."
+    """Run an ASGI app with uvicorn in a daemon thread; returns `(server, base_url)`. Stop with `server.should_exit =
+    True`."""
     import socket, uvicorn
-    sock = socket.socket(); sock.bind((host, port)); port = sock.getsockname()[1]
+    sock = socket.socket()
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     for _ in range(200):

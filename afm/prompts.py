@@ -16,18 +16,21 @@ SYSTEM_STYLES = ("full", "brief")
 
 
 def system_prompt(kind: str, registry: ToolRegistry | None = None, style: str = "full") -> str:
-    """The CoA system prompt for a task kind: the roles, the tools offered to that kind (from the registry), and the grammar;
-    `style="brief"` names the tools in one line (a small model's context; the profile's `system_style` key)."""
+    """The CoA system prompt for a task kind: the roles, the tools offered to that kind (from the registry), and the
+    grammar; `style="brief"` names the tools in one line (a small model's context; the profile's `system_style` key)."""
     if style not in SYSTEM_STYLES: raise ValueError(f"system prompt style {style!r}: use one of {SYSTEM_STYLES}")
     registry = registry or TOOLS
     if style == "brief":
-        return f"Solve the task as a team of agents, each step in its tag. Tools: {', '.join(t.name for t in registry.for_kind(kind))}."
+        return ("Solve the task as a team of agents, each step in its tag. Tools: "
+                f"{', '.join(t.name for t in registry.for_kind(kind))}.")
     tools = registry.describe(registry.for_kind(kind))
     if kind in ("math", "code"):
-        flow = "Write <plan>, then repeat <think>, <code>, read the <observation>, <reflection>; finish with <think> and <answer>."
+        flow = ("Write <plan>, then repeat <think>, <code>, read the <observation>, <reflection>; finish with "
+                "<think> and <answer>.")
     else:
-        flow = ("Put a <think> before every <plan>, tool call, <reflection>, <suggested_answer> and <double_check>. After "
-                "<suggested_answer> only <double_check> may follow; a double check scores 1-4 and a score of 2 or less needs a "
-                "new <plan>. End with <answer>.")
-    return ("You solve the task by acting as a team of agents in one response, each step in its tag. Tools (the environment "
+        flow = ("Put a <think> before every <plan>, tool call, <reflection>, <suggested_answer> and <double_check>. "
+                "After <suggested_answer> only <double_check> may follow; a double check scores 1-4 and a score of 2 "
+                "or less needs a new <plan>. End with <answer>.")
+    return ("You solve the task by acting as a team of agents in one response, each step in its tag. "
+            "Tools (the environment "
             f"answers each call in <observation>):\n{tools}\n{flow}")

@@ -27,7 +27,7 @@ def dig(record: Any, path: str) -> Any:
         else: return None
     return record
 
-
+# %% ../nbs/00b_prose.ipynb #803f150a
 def fmt(v: Any, sign: bool = False) -> str:
     "A figure for a reader: whole numbers with thousands separated, others to three significant digits."
     if isinstance(v, dict): return " · ".join(f"{k}: {fmt(x)}" for k, x in v.items())
@@ -36,7 +36,7 @@ def fmt(v: Any, sign: bool = False) -> str:
     if isinstance(v, int) or abs(v) >= 100: return f"{v:+,.0f}" if sign else f"{v:,.0f}"
     return f"{v:+.3g}" if sign else f"{v:.3g}"
 
-
+# %% ../nbs/00b_prose.ipynb #8f831884
 def duration(seconds: float | None) -> str:
     "`seconds` for a reader: `45 s`, `12 min`, `2 h 05 min` (`?` when unknown)."
     if seconds is None: return "?"
@@ -91,7 +91,7 @@ def _versioned(before: str) -> bool:
     if words and _RANGE_START.fullmatch(words[-1]): words.pop()
     return bool(words) and words[-1] in VERSIONED
 
-
+# %% ../nbs/00b_prose.ipynb #433309b9
 def prose_figures(text: str) -> list[tuple[str, float, float, str]]:
     """The figures of prose `text`: (as written, value, half the step of its last digit, kind), kind `decimal`,
     `percent`, `time` (in seconds) or `ratio`."""
@@ -119,16 +119,16 @@ def time_unit(key: Any) -> float | None:
     "The seconds in one unit of the values under `key` when it names a time (`sft_minutes`, `serve_p50_ms`), else None."
     return next((s for pattern, s in TIME_UNITS if re.search(pattern, str(key), re.I)), None)
 
-
+# %% ../nbs/00b_prose.ipynb #5dc18edd
 class Sources(NamedTuple):
     "The numbers prose may cite, sorted: all of them, and those recorded as times (in seconds)."
     values: list[float]
     times: list[float]
 
-
+# %% ../nbs/00b_prose.ipynb #e4e14004
 def _number(x: Any) -> bool: return isinstance(x, (int, float)) and not isinstance(x, bool)
 
-
+# %% ../nbs/00b_prose.ipynb #2f3698ea
 def sources(*records: Any) -> Sources:
     """Every number in `records` (nested dicts and lists; booleans are not numbers; the mean of a dict of numbers
     too), and apart those under a key naming a time, in seconds (with the total of a dict of times)."""
@@ -151,7 +151,7 @@ def _held(values: list[float], lo: float, hi: float) -> bool:
     i = bisect.bisect_left(values, lo)
     return i < len(values) and values[i] <= hi
 
-
+# %% ../nbs/00b_prose.ipynb #e0af393f
 def unsourced(text: str, known: Sources) -> list[str]:
     "The figures of prose `text` (`prose_figures`) that no number of `known` explains at the precision written."
     bad = []
@@ -168,7 +168,7 @@ def notebook_prose(path: Path | str) -> str:
     cells = json.loads(Path(path).read_text())["cells"]
     return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
-
+# %% ../nbs/00b_prose.ipynb #a550dacf
 def code_constants(package: Path | str) -> dict[str, dict[str, Any]]:
     "Module -> {NAME: value} for each module-level name in capitals bound to a literal in `package`'s `*.py` files."
     out = {}
@@ -181,7 +181,7 @@ def code_constants(package: Path | str) -> dict[str, dict[str, Any]]:
             except ValueError: continue  # bound to an expression, not a literal
     return out
 
-
+# %% ../nbs/00b_prose.ipynb #47b0e461
 def repo_sources(root: Path | str) -> Sources:
     """Every number a repository's prose may cite: `reports/**/{metrics,figures}.json`, the profiles' values, the
     paper's numbers and the code's constants."""

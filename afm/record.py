@@ -53,7 +53,7 @@ def file_sha256(path: Path | str) -> str:
     "The sha256 of the file at `path`, in hex."
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
-
+# %% ../nbs/11b_record.ipynb #17ac0a2d
 _USES = re.compile(r"\bafm\.(\w+)|from \.(\w+) import")  # `afm.x` anywhere (imports, lazy imports, prose), `from .x`
 
 
@@ -77,7 +77,7 @@ def library_sha256(root: Path | str, modules: Sequence[str] | None = None) -> st
     for f in [*files, *sorted(lib.glob("*.json"))]: h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
-
+# %% ../nbs/11b_record.ipynb #c7fbee53
 def git_commit(root: Path | str) -> str | None:
     "The repository's commit (12 hex digits; `+changes` when `afm/` or `nbs/` differ from it), or None outside git."
     git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30)
@@ -93,7 +93,7 @@ def chapter_folder(folder: Path | str) -> RunFolder:
     "A chapter's reports folder as a run folder: its `run.json` holds the identity it finished with, commit and time."
     return RunFolder(folder, done_file="run.json", identity_key="")
 
-
+# %% ../nbs/11b_record.ipynb #427ac468
 def previous_record(path: Path | str, profile: str, say: bool = True) -> dict[str, Any]:
     """The record in metrics.json `path` when a run of `profile` wrote it, else {} (a damaged file is said in one line
     on stderr when `say`)."""

@@ -36,42 +36,52 @@ def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> l
     "The chapters of `table` that the pipeline runs and whose notebooks exist in `nbs`, in order."
     return [(c, p) for c in table if c.pipeline and (p := Path(nbs) / f"{c.notebook}.ipynb").is_file()]
 
-
+# %% ../nbs/12_reproduce.ipynb #0bdfe845
 def select_chapters(names: Sequence[str], chapters: list[tuple[Chapter, Path]]) -> list[tuple[Chapter, Path]]:
-    "The chapters named by notebook (`02a_search`) or key (`search`), in pipeline order; a clear error for unknown names."
+    """The chapters named by notebook (`02a_search`) or key (`search`), in pipeline order; a clear error for unknown
+    names."""
     known = {n: c for c, _ in chapters for n in (c.notebook, c.key)}
     missing = [n for n in names if n not in known]
-    if missing: raise ValueError(f"no chapter {missing} in the pipeline; it has {', '.join(c.notebook for c, _ in chapters)}")
+    if missing:
+        raise ValueError(f"no chapter {missing} in the pipeline; it has {', '.join(c.notebook for c, _ in chapters)}")
     wanted = {known[n] for n in names}
     return [(c, p) for c, p in chapters if c in wanted]
 
 # %% ../nbs/12_reproduce.ipynb #7e87bb8f
-PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"), ("tiny_", "afm.models", "TinyConfig"),
-                   ("tools_", "afm.world", "ToolSizes"), ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"),
+PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "DistillConfig"),
+                   ("tiny_", "afm.models", "TinyConfig"), ("tools_", "afm.world", "ToolSizes"),
+                   ("rollout_", "afm.rollout", "RolloutConfig"), ("rl_", "afm.rl", "RLArgs"),
                    ("eval_", "afm.rollout", "RolloutConfig"),
                    ("rl_", "afm.rollout", "RolloutConfig"))  # prefix, module, config (eval_, rl_: overlays of rollout_)
-SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")  # read by several stages and commands (`engine_max_batch`: `afm.engine_local.profile_engine`); no chapter declares them
+# read by several stages and commands (`engine_max_batch`: `afm.engine_local.profile_engine`); no chapter declares them
+SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")
 DRIVER_KEYS = ("expected_minutes",)  # read by `run` itself, never by a chapter (so not part of what a chapter ran with)
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
 
 
 def profile_keys(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> set[str]:
-    "Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of `PROFILE_CONFIGS`, a shared or driver key."
+    """Every key a profile may set: a parameter of a pipeline chapter in `nbs`, `<prefix><field>` of
+    `PROFILE_CONFIGS`, a shared or driver key."""
     keys = set(SHARED_KEYS) | set(DRIVER_KEYS)
     for _, nb in pipeline_chapters(nbs, table): keys |= set(declared_parameters(nb))
     for prefix, module, name in PROFILE_CONFIGS:
         cls = getattr(importlib.import_module(module), name, None) if importlib.util.find_spec(module) else None
-        if cls is not None: keys |= {prefix + f.name for f in dataclasses.fields(cls)}  # a config not written yet adds none
+        # a config not written yet adds none
+        if cls is not None: keys |= {prefix + f.name for f in dataclasses.fields(cls)}
     return keys - set(INJECTED)
 
-
+# %% ../nbs/12_reproduce.ipynb #bd5f662d
 def check_profile(params: dict[str, Any], nbs: Path | str, where: str, table: Sequence[Chapter] = CHAPTERS) -> None:
     "A ValueError naming every key of profile `params` that nothing reads (and the nearest key that is read)."
-    check_keys(params, profile_keys(nbs, table), where, "a key is a chapter's parameter, <prefix><field> of a config read "
-               f"from the profile ({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of {', '.join(SHARED_KEYS + DRIVER_KEYS)}")
+    check_keys(params, profile_keys(nbs, table),
+               where, "a key is a chapter's parameter, "
+                      "<prefix><field> of a config read " "from the profile "
+                                                          f"({', '.join(p for p, _, _ in PROFILE_CONFIGS)}) or one of "
+                                                          f"{', '.join(SHARED_KEYS + DRIVER_KEYS)}")
 
 # %% ../nbs/12_reproduce.ipynb #cdff063f
-READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft", "results": "rl"}  # chapter key -> the stage whose data (`data_dir`) it reads
+# chapter key -> the stage whose data (`data_dir`) it reads
+READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft", "results": "rl"}
 READS_FROM = {"rl": "rl_sft_from"}  # the profile key naming another profile whose data it reads (empty: its own)
 
 
@@ -79,35 +89,42 @@ def has_data(folder: Path) -> bool:
     "Does `folder` exist and hold anything?"
     return folder.is_dir() and any(folder.iterdir())
 
-
+# %% ../nbs/12_reproduce.ipynb #73ff0a04
 def chapter_input(key: str, profile: str, params: dict[str, Any], root: Path | str | None = None) -> Path | None:
-    "The data folder chapter `key` reads for `profile` (written by the chapter of that stage), or None when it reads none."
+    """The data folder chapter `key` reads for `profile` (written by the chapter of that stage), or None when it
+    reads none."""
     if key not in READS: return None
     return data_dir(READS[key], params.get(READS_FROM.get(key, "")) or profile, root)
 
-
+# %% ../nbs/12_reproduce.ipynb #b0d5ddc7
 def check_inputs(keys: Sequence[str], profile: str, params: dict[str, Any], root: Path | str | None = None,
                  notebooks: dict[str, str] | None = None) -> None:
-    "A one-line ValueError when one of the chapters `keys` (in run order) reads data that is absent and that no chapter before it in this run writes."
+    """A one-line ValueError when one of the chapters `keys` (in run order) reads data that is absent and that no
+    chapter before it in this run writes."""
     name = lambda k: (notebooks or {}).get(k, k)
     for i, key in enumerate(keys):
         src = chapter_input(key, profile, params, root)
-        if src is None or has_data(src) or (READS[key] in keys[:i] and src == data_dir(READS[key], profile, root)): continue
-        raise ValueError(f"chapter {name(key)} reads {src}, which is missing or empty: run `afm run --profile {src.name} "
-                         f"--chapters {name(READS[key])}` first, or include {name(READS[key])} in this run")
+        if src is None or has_data(src) or (READS[key] in keys[:i] and src == data_dir(READS[key], profile, root)):
+            continue
+        raise ValueError(f"chapter {name(key)} reads {src}, which is missing or empty: run `afm run --profile "
+                         f"{src.name} --chapters {name(READS[key])}` first, or include {name(READS[key])} in this run")
 
 # %% ../nbs/12_reproduce.ipynb #c6748dbc
-def expected_time(to_run: Sequence[str], resumed: int, known: dict[str, float], params: dict[str, Any], where: str) -> tuple[float | None, str]:
-    "The expected seconds of running chapters `to_run` and one line saying so: their times in the last run (`known`), else the profile's `expected_minutes`."
+def expected_time(to_run: Sequence[str], resumed: int, known: dict[str, float], params: dict[str, Any],
+                  where: str) -> tuple[float | None, str]:
+    """The expected seconds of running chapters `to_run` and one line saying so: their times in the last run
+    (`known`), else the profile's `expected_minutes`."""
     if not to_run: return 0.0, f"expected time: none, all {resumed} chapters finished with these inputs"
-    head = f"{len(to_run)} chapter{'s' * (len(to_run) > 1)} to run" + (f", {resumed} finished already" if resumed else "")
+    head = f"{len(to_run)} chapter{'s' * (len(to_run) > 1)} to run" + (f", {resumed} finished already"
+                                                                       if resumed else "")
     if not (missing := [k for k in to_run if known.get(k) is None]):
         s = sum(known[k] for k in to_run)
         return s, f"expected time: about {duration(s)} ({head}; from their times in the last run of the profile)"
     if minutes := params.get("expected_minutes"):
-        return minutes * 60.0, (f"expected time: about {duration(minutes * 60)} ({head}; the profile's estimate, expected_minutes in "
-                                f"{where}; {len(missing)} of them never timed here)")
-    return None, f"expected time: unknown ({head}; {', '.join(missing[:3])}{' …' * (len(missing) > 3)} never timed here, and {where} sets no expected_minutes)"
+        return minutes * 60.0, (f"expected time: about {duration(minutes * 60)} ({head}; the profile's estimate, "
+                                f"expected_minutes in {where}; {len(missing)} of them never timed here)")
+    return (None, f"expected time: unknown ({head}; {', '.join(missing[:3])}{' …' * (len(missing) > 3)} never timed "
+                  f"here, and {where} sets no expected_minutes)")
 
 # %% ../nbs/12_reproduce.ipynb #c43d22e1
 def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]:
@@ -115,12 +132,13 @@ def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]
     declared = declared_parameters(nb)
     return {k: v for k, v in params.items() if k in declared}
 
-
+# %% ../nbs/12_reproduce.ipynb #24199f98
 def notebook_defaults(nb: Path | str, params: dict[str, Any]) -> dict[str, str]:
-    "The parameters of notebook `nb` that `params` leaves unset, with the default (source text) the notebook runs them at."
+    """The parameters of notebook `nb` that `params` leaves unset, with the default (source text) the notebook runs
+    them at."""
     return {k: d for k, d in declared_parameters(nb).items() if k not in params and k not in INJECTED}
 
-
+# %% ../nbs/12_reproduce.ipynb #56bd6cf4
 def _local_kernel(folder: str):
     "Kernel configuration: talk to the kernel over local sockets in `folder` (no TCP port, nothing to eavesdrop on)."
     from traitlets.config import Config
@@ -128,7 +146,7 @@ def _local_kernel(folder: str):
     c.KernelManager.transport, c.KernelManager.ip = "ipc", str(Path(folder) / "kernel")
     return c
 
-
+# %% ../nbs/12_reproduce.ipynb #af0e2c4e
 QUIET_KERNEL = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}  # no progress bars in executed notebooks
 
 
@@ -159,7 +177,8 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
             else: os.environ[k] = v
     try: figures = read_json(fig_path)
     except ValueError as e: raise RuntimeError(f"chapter {nb.name} wrote a damaged figures file: {e}") from None
-    if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must write its figures there")
+    if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must "
+                                           "write its figures there")
     return figures
 
 # %% ../nbs/12_reproduce.ipynb #bf2ab483
@@ -174,7 +193,7 @@ class Step:
     identity: dict[str, Any]
     done: dict[str, Any] | None = None
 
-
+# %% ../nbs/12_reproduce.ipynb #e86a3586
 def finished(folder: Path, identity: dict[str, Any], data: Path | None = None) -> dict[str, Any] | None:
     """The chapter's `run.json` (with its `figures`) when it finished as `identity`, its figures are readable and `data`
     (what a later chapter reads) is still there; else None: the chapter runs (a damaged file too)."""
@@ -186,7 +205,8 @@ def finished(folder: Path, identity: dict[str, Any], data: Path | None = None) -
 # %% ../nbs/12_reproduce.ipynb #8e2d045d
 def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[str, Any], reports: Path, root: Path,
              resume: bool = True) -> list[Step]:
-    "The steps of a run: each chapter with its inputs; resumed while it and every chapter above it finished with the same inputs."
+    """The steps of a run: each chapter with its inputs; resumed while it and every chapter above it finished with
+    the same inputs."""
     steps, rerun = [], not resume
     for ch, nb in chapters:
         p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
@@ -199,9 +219,10 @@ def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[st
         steps.append(Step(ch, nb, p, notebook_defaults(nb, p), identity, done))
     return steps
 
-
+# %% ../nbs/12_reproduce.ipynb #eb61b46d
 def chapter_seconds(steps: Sequence[Step], reports: Path, old: dict[str, Any]) -> dict[str, float]:
-    "Each chapter's seconds in the last finished run of the profile: `seconds` of the previous record `old`, else its run.json."
+    """Each chapter's seconds in the last finished run of the profile: `seconds` of the previous record `old`, else
+    its run.json."""
     known = dict(old.get("seconds") or {})
     for s in steps:
         if known.get(s.chapter.key) is None:
@@ -213,18 +234,22 @@ def chapter_seconds(steps: Sequence[Step], reports: Path, old: dict[str, Any]) -
 
 # %% ../nbs/12_reproduce.ipynb #5b1e7c20
 class Ticker:
-    """`say(seconds)` now and every `every` seconds from a daemon thread until the `with` block ends, with the seconds since
-    it began: what keeps a progress bar's time moving while one long chapter runs. `every=None`: once, at the start."""
+    """`say(seconds)` now and every `every` seconds from a daemon thread until the `with` block ends, with the seconds
+    since it began: what keeps a progress bar's time moving while one long chapter runs. `every=None`: once, at the
+    start."""
     def __init__(self, say: Callable[[float], None], every: float | None = 10.0):
-        if every is not None and every <= 0: raise ValueError(f"Ticker: every={every!r} must be positive seconds (or None)")
+        if every is not None and every <= 0:
+            raise ValueError(f"Ticker: every={every!r} must be positive seconds (or None)")
         self.say, self.every, self._stop, self._thread = say, every, threading.Event(), None
 
     def __enter__(self):
-        t0 = time.time(); self.say(0.0)
+        t0 = time.time()
+        self.say(0.0)
         def tick():
             while not self._stop.wait(self.every): self.say(time.time() - t0)
         if self.every is not None:
-            self._thread = threading.Thread(target=tick, daemon=True, name="afm-run-ticker"); self._thread.start()
+            self._thread = threading.Thread(target=tick, daemon=True, name="afm-run-ticker")
+            self._thread.start()
         return self
 
     def __exit__(self, *exc):
@@ -232,13 +257,14 @@ class Ticker:
         if self._thread: self._thread.join()
 
 # %% ../nbs/12_reproduce.ipynb #7043d681
-def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None, resume: bool = True,
-        settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
-        table: Sequence[Chapter] = CHAPTERS, started_at: float | None = None, installed_at: float | None = None) -> dict[str, Any]:
+def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list[str] | None = None,
+        resume: bool = True, settings: Path | str | None = None, root: Path | str | None = None, log: bool = False,
+        table: Sequence[Chapter] = CHAPTERS, started_at: float | None = None,
+        installed_at: float | None = None) -> dict[str, Any]:
     """Run the pipeline's chapters (of `table`) for `profile` and write `reports` (default: `reports/` for `tiny`, what
-    `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json. `started_at` and
-    `installed_at` (epoch seconds) are when `make reproduce` started and when its install finished: the run's wall time
-    then counts the install too."""
+    `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json. `started_at`
+    and `installed_at` (epoch seconds) are when `make reproduce` started and when its install finished: the run's wall
+    time then counts the install too."""
     from afm.core import progress_bar
     t_run, root = time.time(), repo_root(root)
     settings = settings_path(settings, root).resolve()
@@ -250,48 +276,61 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     metrics_path = reports / "metrics.json"
     steps = plan_run(nbs, profile, params, reports, root, resume)
     to_run = [s.chapter.key for s in steps if s.done is None]
-    check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table if c.pipeline})  # before anything runs, too
+    # before anything runs, too
+    check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table if c.pipeline})
     known = chapter_seconds(steps, reports, previous_record(metrics_path, profile))
     expected, line = expected_time(to_run, len(steps) - len(to_run), known, params, f"{settings.name} [{profile}]")
     print(f"afm run --profile {profile}: {line}", flush=True)
     record: dict[str, Any] = {"profile": profile, "parameters": params, "versions": versions(), "machine": machine(),
-                              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "reproduce_seconds": None,
-                              "install_seconds": None, "run_seconds": None, "expected_seconds": expected, "seconds": {},
+                              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                              "reproduce_seconds": None, "install_seconds": None, "run_seconds": None,
+                              "expected_seconds": expected, "seconds": {},
                               "failed": {}, "not_run": [], "resumed": [], "defaults": {}}
     failure, commit = None, git_commit(root)
-    loads: list[float] = []  # the machine's 1-minute load average every 30 s: did other work share the CPU while this ran?
-    meter = Ticker(lambda s: loads.append(os.getloadavg()[0]) if hasattr(os, "getloadavg") else None, every=30.0).__enter__()
+    # the machine's 1-minute load average every 30 s: did other work share the CPU while this ran?
+    loads: list[float] = []
+    meter = Ticker(lambda s: loads.append(os.getloadavg()[0]) if hasattr(os, "getloadavg") else None,
+                   every=30.0).__enter__()
     for step in (bar := progress_bar(steps, desc=f"profile {profile}", unit="chapter")):
-        ch, nb, key = step.chapter, step.notebook, step.chapter.key
+        nb, key = step.notebook, step.chapter.key
         if step.defaults: record["defaults"][key] = step.defaults
         if failure:  # after a failure nothing runs, and no figure of a later chapter is presented as current
-            record["not_run"].append(key); continue
+            record["not_run"].append(key)
+            continue
         done = reports / key / "run.json"
         if step.done is not None:  # resumed: its figures and the time they took come from its last run
-            record[key] = step.done["figures"]; record["resumed"].append(key)
+            record[key] = step.done["figures"]
+            record["resumed"].append(key)
             if step.done.get("seconds") is not None: record["seconds"][key] = step.done["seconds"]
             continue
-        def say(s, nb=nb, key=key):  # the chapter, its time so far (and its last), the run's (and what it is expected to take)
-            bar.set_postfix_str(f"{nb.stem} · {duration(s)}" + (f" of ~{duration(known[key])}" if known.get(key) else "")
-                                + f" · run {duration(time.time() - t_run)}" + (f" of ~{duration(expected)}" if expected else ""))
+        def say(s, nb=nb,
+                key=key):  # the chapter, its time so far (and its last), the run's (and what it is expected to take)
+            bar.set_postfix_str(f"{nb.stem} · {duration(s)}" + (f" of ~{duration(known[key])}"
+                                                                if known.get(key) else "")
+                                + f" · run {duration(time.time() - t_run)}" + (f" of ~{duration(expected)}"
+                                                                               if expected else ""))
         t0 = time.perf_counter()
         try:
             with Ticker(say, every=None if bar.disable else 10.0):
-                record[key] = run_chapter(nb, key, step.parameters, reports, log=log, env={"AFM_SETTINGS": str(settings)})
+                record[key] = run_chapter(nb, key, step.parameters, reports, log=log,
+                                          env={"AFM_SETTINGS": str(settings)})
         except RuntimeError as e:
-            failure = e; done.unlink(missing_ok=True)
+            failure = e
+            done.unlink(missing_ok=True)
             record["failed"][key] = str(e).splitlines()[0]
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
         ran = {"commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}
         chapter_folder(reports / key).finish(ran, step.identity)
-    old = previous_record(metrics_path, profile, say=False)  # read now: another run may have written since (damage was said at the start)
+    # read now: another run may have written since (damage was said at the start)
+    old = previous_record(metrics_path, profile, say=False)
     keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}  # keep the chapters this run did not touch
     record.update({k: v for k, v in old.items() if k in keep})
     record["seconds"] = {k: v for k, v in (old.get("seconds") or {}).items() if k in keep} | record["seconds"]
     record["defaults"] = {k: v for k, v in (old.get("defaults") or {}).items() if k in keep} | record["defaults"]
     meter.__exit__(None, None, None)
-    record["load"] = {"mean": round(sum(loads) / len(loads), 2), "max": round(max(loads), 2), "cpus": os.cpu_count()} if loads else None
+    record["load"] = ({"mean": round(sum(loads) / len(loads), 2), "max": round(max(loads), 2), "cpus": os.cpu_count()}
+                      if loads else None)
     end = time.time()
     record["run_seconds"] = round(end - t_run, 1)
     record["reproduce_seconds"] = round(end - (started_at or t_run), 1)
@@ -304,16 +343,19 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
 
 # %% ../nbs/12_reproduce.ipynb #b70e5e01
 def browse_page(profile: str, reports: Path, root: Path | str | None = None, limit: int = 100) -> Path | None:
-    """`reports/browse/index.html` (`afm.browse`): the teacher's runs on the results chapter's test questions beside the SFT
-    and RL models' greedy answers to them; None, said in one line, when a source is missing (the run is not failed for it)."""
+    """`reports/browse/index.html` (`afm.browse`): the teacher's runs on the results chapter's test questions beside the
+    SFT and RL models' greedy answers to them; None, said in one line, when a source is missing (the run is not
+    failed for it)."""
     from afm.browse import write_page
     rl, teacher = data_dir("rl", profile, root) / "summary.json", data_dir("results", profile, root)
     try:
         recs = (read_json(rl) or {}).get("test_records") or {}
-        if not recs or not (teacher / "runs.jsonl").is_file(): raise FileNotFoundError(f"{rl} or {teacher / 'runs.jsonl'} is missing")
+        if not recs or not (teacher / "runs.jsonl").is_file():
+            raise FileNotFoundError(f"{rl} or {teacher / 'runs.jsonl'} is missing")
         names = {"sft_greedy": "SFT", "rl0_greedy": "RL"}
         out = Path(reports) / "browse" / "index.html"
-        write_page(out, {names.get(k, k): p for k, p in recs.items()}, teacher, limit, f"afm: trajectories, profile {profile}")
+        write_page(out, {names.get(k, k): p for k, p in recs.items()}, teacher,
+                   limit, f"afm: trajectories, profile {profile}")
         return out
     except (OSError, ValueError) as e:
         print(f"afm run: no trajectory page: {e}", file=sys.stderr)
@@ -322,34 +364,41 @@ def browse_page(profile: str, reports: Path, root: Path | str | None = None, lim
 # %% ../nbs/12_reproduce.ipynb #c06adf70
 def cli_run(argv: list[str] | None = None) -> int:
     "`afm run`: run the pipeline headless for a profile and write reports/."
-    p = argparse.ArgumentParser(prog="afm run", description="Run the chapters headless with papermill for a profile and write "
-                                "reports/ (metrics.json, the report card, tables and figures; for tiny also the README's results table). "
-                                "It prints the run's expected time first (from the last run's chapter times, else the profile's "
-                                "expected_minutes) and records its wall time in metrics.json.")
+    p = argparse.ArgumentParser(prog="afm run", description="Run the chapters headless with papermill for a profile "
+                                "and write reports/ (metrics.json, the report card, tables and figures; for tiny also "
+                                "the README's results table). It prints the run's expected time first (from the last "
+                                "run's chapter times, else the profile's expected_minutes) and records its wall "
+                                "time in metrics.json.")
     p.add_argument("--profile", default="tiny", help="a section of settings.ini (default: tiny)")
-    p.add_argument("--chapters", nargs="+", metavar="CHAPTER", help="only these chapters, e.g. 00_coa_masks or coa (default: all)")
-    p.add_argument("--reports", help="output folder (default: <repo>/reports, or <repo>/reports/<profile> for a profile other than tiny)")
+    p.add_argument("--chapters", nargs="+", metavar="CHAPTER",
+                   help="only these chapters, e.g. 00_coa_masks or coa (default: all)")
+    p.add_argument("--reports", help="output folder (default: <repo>/reports, or <repo>/reports/<profile> for a "
+                                     "profile other than tiny)")
     p.add_argument("--settings", help="profiles file (default: <repo>/settings.ini)")
     p.add_argument("--no-resume", action="store_true", help="rerun chapters that already finished with the same inputs")
-    p.add_argument("--list", action="store_true", help="list the profiles (with their expected times) and chapters, then exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the profiles (with their expected times) and chapters, then exit")
     p.add_argument("--log", action="store_true", help="stream the chapters' output")
-    p.add_argument("--started-at", type=float, metavar="EPOCH", help="when `make reproduce` started (seconds since the epoch): "
-                   "reproduce_seconds in metrics.json then counts the install too")
-    p.add_argument("--installed-at", type=float, metavar="EPOCH", help="when `make reproduce`'s install finished: install_seconds in metrics.json")
+    p.add_argument("--started-at", type=float, metavar="EPOCH", help="when `make reproduce` started (seconds since the "
+                   "epoch): reproduce_seconds in metrics.json then counts the install too")
+    p.add_argument("--installed-at", type=float, metavar="EPOCH",
+                   help="when `make reproduce`'s install finished: install_seconds in metrics.json")
     a = p.parse_args(argv)
     try:
         if a.list:
             root = repo_root()
             for name, params in load_profiles(a.settings).items():
                 m = params.get("expected_minutes")
-                print(f"profile {name}" + (f" (expected about {duration(m * 60)})" if m else "") + f": {params.get('description', '')}")
+                print(f"profile {name}" + (f" (expected about {duration(m * 60)})" if m else "")
+                      + f": {params.get('description', '')}")
             for ch, _ in pipeline_chapters(root / "nbs"): print(f"chapter {ch.notebook} -> {ch.key}")
             return 0
-        rec = run(a.profile, reports=a.reports, chapters=a.chapters, resume=not a.no_resume, settings=a.settings, log=a.log,
-                  started_at=a.started_at, installed_at=a.installed_at)
+        rec = run(a.profile, reports=a.reports, chapters=a.chapters, resume=not a.no_resume, settings=a.settings,
+                  log=a.log, started_at=a.started_at, installed_at=a.installed_at)
     except (FileNotFoundError, KeyError, ValueError, RuntimeError) as e:
         print(f"afm run: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 1
-    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: " + ", ".join(c.key for c in CHAPTERS if c.pipeline and c.key in rec)
+    print(f"wrote {Path(a.reports or default_reports(a.profile)) / 'metrics.json'}: "
+          + ", ".join(c.key for c in CHAPTERS if c.pipeline and c.key in rec)
           + f" in {duration(rec.get('run_seconds'))}")
     return 0

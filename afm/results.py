@@ -31,26 +31,31 @@ __all__ = ['VERIFIERS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary
 
 # %% ../nbs/11_results.ipynb #59af4b63
 def teacher_cost(run: MASRun, task: Task, reward: float) -> dict[str, Any]:
-    "The bill of one teacher run: all agents' prompt and completion tokens, tool calls, activations, seconds, and its grade."
+    """The bill of one teacher run: all agents' prompt and completion tokens, tool calls, activations, seconds, and
+    its grade."""
     if run.task_id != task.id: raise ValueError(f"teacher_cost: run of {run.task_id!r} given for task {task.id!r}")
     t = run.totals()
-    return {"task_id": task.id, "suite": task.source, "tokens": t["tokens"], "tool_calls": t["tool_calls"], "calls": t["activations"],
-            "seconds": t["seconds"], "reward": float(reward)}
+    return {"task_id": task.id, "suite": task.source, "tokens": t["tokens"], "tool_calls": t["tool_calls"],
+            "calls": t["activations"], "seconds": t["seconds"], "reward": float(reward)}
 
-
-def coa_cost(record: dict, task: Task, system_style: str = "full", registry=None, system: str | None = None) -> dict[str, Any]:
+# %% ../nbs/11_results.ipynb #aabc4b96
+def coa_cost(record: dict, task: Task, system_style: str = "full", registry=None,
+             system: str | None = None) -> dict[str, Any]:
     """The bill of one CoA episode (an evaluation record) under the same counter: every turn's call sends the prompt and
     the context so far and gets the turn's text back (`tokens`); `tokens_once` counts each token once (a KV cache)."""
-    if record["task_id"] != task.id: raise ValueError(f"coa_cost: record of {record['task_id']!r} given for task {task.id!r}")
+    if record["task_id"] != task.id:
+        raise ValueError(f"coa_cost: record of {record['task_id']!r} given for task {task.id!r}")
     ctx = sum(count_tokens(m["content"]) for m in prompt_messages(task, registry, system, system_style))
     billed, calls = 0, 0
     traj = Trajectory.from_dict(record["trajectory"]) if record.get("trajectory") else None
     for text, generated in (segments(traj) if traj else []):
         ctx += count_tokens(text)
-        if generated: billed, calls = billed + ctx, calls + 1  # a call ends after each generated piece: context in, piece out
+        # a call ends after each generated piece: context in, piece out
+        if generated: billed, calls = billed + ctx, calls + 1
     if not calls: billed, calls = ctx, 1  # no trajectory parsed: one call that returned nothing readable
-    return {"task_id": task.id, "suite": task.source, "tokens": billed, "tokens_once": ctx, "tool_calls": record["tool_calls"],
-            "calls": calls, "seconds": record["seconds"], "reward": float(record["reward"])}
+    return {"task_id": task.id, "suite": task.source, "tokens": billed, "tokens_once": ctx,
+            "tool_calls": record["tool_calls"], "calls": calls, "seconds": record["seconds"],
+            "reward": float(record["reward"])}
 
 # %% ../nbs/11_results.ipynb #79f2e2d9
 def cost_summary(costs: Sequence[dict]) -> dict[str, Any]:
@@ -58,22 +63,26 @@ def cost_summary(costs: Sequence[dict]) -> dict[str, Any]:
     n, solved = len(costs), [c for c in costs if c["reward"] >= 1]
     if not n: raise ValueError("cost_summary: no costs")
     mean = lambda key, rows: round(sum(c[key] for c in rows) / len(rows), 2) if rows else None
-    per_solved = lambda key: round(sum(c[key] for c in costs) / len(solved), 2) if solved else None  # all spent, over what it bought
+    # all spent, over what it bought
+    per_solved = lambda key: round(sum(c[key] for c in costs) / len(solved), 2) if solved else None
     out = {"tasks": n, "solved": len(solved), "success": round(sum(c["reward"] for c in costs) / n, 4),
            "ci95": bootstrap_ci([c["reward"] for c in costs]), "tokens_per_task": mean("tokens", costs),
-           "tool_calls_per_task": mean("tool_calls", costs), "calls_per_task": mean("calls", costs), "seconds_per_task": mean("seconds", costs),
-           "tokens_per_solved_task": per_solved("tokens"), "tool_calls_per_solved_task": per_solved("tool_calls")}
+           "tool_calls_per_task": mean("tool_calls", costs), "calls_per_task": mean("calls", costs),
+           "seconds_per_task": mean("seconds", costs), "tokens_per_solved_task": per_solved("tokens"),
+           "tool_calls_per_solved_task": per_solved("tool_calls")}
     if all("tokens_once" in c for c in costs): out["tokens_once_per_task"] = mean("tokens_once", costs)
     return out
 
-
+# %% ../nbs/11_results.ipynb #ab46d1fa
 def efficiency_rows(costs: Mapping[str, Sequence[dict]]) -> list[dict]:
-    "One row per system (`cost_summary`), in order, each with its token and tool-call reductions against the first in percent."
+    """One row per system (`cost_summary`), in order, each with its token and tool-call reductions against the first
+    in percent."""
     names = list(costs)
     if not names: raise ValueError("efficiency_rows: no systems")
     ids = {n: sorted(c["task_id"] for c in costs[n]) for n in names}
     for n in names[1:]:
-        if ids[n] != ids[names[0]]: raise ValueError(f"efficiency_rows: {n!r} answered other tasks than {names[0]!r}; compare systems on the same tasks")
+        if ids[n] != ids[names[0]]: raise ValueError(f"efficiency_rows: {n!r} answered other tasks than {names[0]!r}; "
+                                                     "compare systems on the same tasks")
     rows = [{"system": n, **cost_summary(costs[n])} for n in names]
     cut = lambda a, b: round(100 * (1 - a / b), 1) if a is not None and b else None
     for r in rows:
@@ -85,25 +94,31 @@ def efficiency_rows(costs: Mapping[str, Sequence[dict]]) -> list[dict]:
 VERIFIERS: dict[str, Callable] = {"vote": vote, "self-check": self_check}  # Best-of-N pickers that never see the grade
 
 
-def scaling_rows(records: Sequence[dict], ns: Sequence[int], verifiers: Mapping[str, Callable] = VERIFIERS) -> list[dict]:
-    "For each N of `ns`: pass@N (unbiased, all samples), and each verifier's Best-of-N over the first N samples, with 95% intervals over questions."
+def scaling_rows(records: Sequence[dict], ns: Sequence[int],
+                 verifiers: Mapping[str, Callable] = VERIFIERS) -> list[dict]:
+    """For each N of `ns`: pass@N (unbiased, all samples), and each verifier's Best-of-N over the first N samples,
+    with 95% intervals over questions."""
     groups = list(by_task(records).values())
     if not groups: raise ValueError("scaling_rows: no records")
     least = min(map(len, groups))
-    if max(ns) > least: raise ValueError(f"scaling_rows: N up to {max(ns)} needs that many samples of every question; one has {least}")
+    if max(ns) > least:
+        raise ValueError(f"scaling_rows: N up to {max(ns)} needs that many samples of every question; one has {least}")
     rows = []
     for n in ns:
         per_q = [pass_at_k(len(g), sum(r["reward"] >= 1 for r in g), n) for g in groups]
-        row = {"n": n, "questions": len(groups), "pass@n": round(sum(per_q) / len(per_q), 4), "pass@n ci95": bootstrap_ci(per_q)}
+        row = {"n": n, "questions": len(groups),
+               "pass@n": round(sum(per_q) / len(per_q), 4), "pass@n ci95": bootstrap_ci(per_q)}
         for name, verify in verifiers.items():
             picked = [r["reward"] for r in best_of_n(records, verify, n)]
-            row[f"best-of-n {name}"], row[f"best-of-n {name} ci95"] = round(sum(picked) / len(picked), 4), bootstrap_ci(picked)
+            row[f"best-of-n {name}"], row[f"best-of-n {name} ci95"] = (round(sum(picked) / len(picked), 4),
+                                                                       bootstrap_ci(picked))
         rows.append(row)
     return rows
 
 # %% ../nbs/11_results.ipynb #84c5f906
 def paper_results(path: Path | str | None = None) -> dict[str, Any]:
-    "The paper's published numbers (`afm/paper_results.json`, package data, or `path`): its tables, each with title, grading, columns and rows."
+    """The paper's published numbers (`afm/paper_results.json`, package data, or `path`): its tables, each with
+    title, grading, columns and rows."""
     from importlib.resources import files
     path = path or files("afm") / "paper_results.json"
     try: data = json.loads(path.read_text() if hasattr(path, "read_text") else Path(path).read_text())
@@ -111,14 +126,17 @@ def paper_results(path: Path | str | None = None) -> dict[str, Any]:
     if not isinstance(data.get("tables"), dict): raise ValueError(f"{path}: no 'tables' in the paper's numbers")
     return data
 
-
+# %% ../nbs/11_results.ipynb #3a77790e
 def ours_benchmark_rows(metrics: Mapping[str, dict]) -> list[dict]:
-    """Our benchmark scores, one row per (profile, arm): from each profile's `results.benchmarks` and the benchmark figures
-    earlier chapters report (`sft.math500`, `sft.smol_math500_*`), scores in percent with the questions they are over."""
+    """Our benchmark scores, one row per (profile, arm): from each profile's `results.benchmarks` and the benchmark
+    figures earlier chapters report (`sft.math500`, `sft.smol_math500_*`), scores in percent with the questions they
+    are over."""
     rows: dict[tuple, dict] = {}
     def put(profile, arm, model, bench, score, n, grading):
-        r = rows.setdefault((profile, arm), {"source": "afm", "model": f"{model} ({arm})", "profile": profile, "data": {}, "grading": grading, "values": {}})
-        r["values"][bench] = round(100 * score, 1); r["data"][bench] = n
+        r = rows.setdefault((profile, arm), {"source": "afm", "model": f"{model} ({arm})", "profile": profile,
+                                             "data": {}, "grading": grading, "values": {}})
+        r["values"][bench] = round(100 * score, 1)
+        r["data"][bench] = n
     for profile, m in metrics.items():
         model = (m.get("parameters") or {}).get("model", "?")
         for bench, arms in ((m.get("results") or {}).get("benchmarks") or {}).items():
@@ -127,22 +145,25 @@ def ours_benchmark_rows(metrics: Mapping[str, dict]) -> list[dict]:
                 put(profile, arm, model, bench, s["score"], s["n"], how)
         for arm, s in ((m.get("sft") or {}).get("math500") or {}).items():
             put(profile, arm, model, "math500", s["avg@k"], s["questions"], "Math-Verify")
-        for k, v in (m.get("sft") or {}).items():  # another profile's recipe reported beside this one's (e.g. smol_math500_sft)
+        # another profile's recipe reported beside this one's (e.g. smol_math500_sft)
+        for k, v in (m.get("sft") or {}).items():
             if k.startswith("smol_math500_") and isinstance(v, (int, float)) and "smol" not in metrics:
                 put("smol", k.removeprefix("smol_math500_"), "smollm2-135m-instruct", "math500", v, None, "Math-Verify")
-    return [{**r, "data": ", ".join(f"{b}: {'first ' + str(n) if n else 'a subset'}" for b, n in r["data"].items())} for r in rows.values()]
+    return [{**r, "data": ", ".join(f"{b}: {'first ' + str(n) if n else 'a subset'}" for b, n in r["data"].items())}
+            for r in rows.values()]
 
-
+# %% ../nbs/11_results.ipynb #9ede63fd
 def paper_table(name: str, ours: Sequence[dict] = (), paper: Mapping | None = None,
                 columns: Mapping[str, str] | None = None) -> list[dict]:
-    """Table `name` of the paper in its layout: its published rows, then ours that have a value in one of its columns; every
-    row labelled. `columns` (column -> title) adds columns of ours after the paper's, leaving the paper's numbers as they are."""
+    """Table `name` of the paper in its layout: its published rows, then ours that have a value in one of its columns;
+    every row labelled. `columns` (column -> title) adds columns of ours after the paper's, leaving the paper's
+    numbers as they are."""
     tables = (paper or paper_results())["tables"]
     if name not in tables: raise ValueError(f"no paper table {name!r}; there are {', '.join(tables)}")
     t = tables[name]
     cols = {**t["columns"], **(columns or {})}
-    label = lambda r, src: {"source": src, "model": r["model"], "profile": r.get("profile", "—"), "data": r.get("data", "the benchmark"),
-                            "grading": r.get("grading", t["grading"])}
+    label = lambda r, src: {"source": src, "model": r["model"], "profile": r.get("profile", "—"),
+                            "data": r.get("data", "the benchmark"), "grading": r.get("grading", t["grading"])}
     rows = [{**label(r, "paper"), **{title: r["values"].get(c) for c, title in cols.items()}} for r in t["rows"]]
     rows += [{**label(r, "afm"), **{title: r["values"].get(c) for c, title in cols.items()}}
              for r in ours if any(c in r["values"] for c in cols)]
@@ -163,17 +184,20 @@ def labelled_decodings(record: Mapping) -> dict:
 # %% ../nbs/11_results.ipynb #07e5421e
 def _fmt_ci(ci) -> str: return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "—"
 
-
+# %% ../nbs/11_results.ipynb #27aaac42
 def suites_rows(metrics: Mapping[str, dict]) -> list[dict]:
-    "Per profile and model: world-QA test success on the generated suites, its interval, questions and chance, from sft and rl figures."
+    """Per profile and model: world-QA test success on the generated suites, its interval, questions and chance, from
+    sft and rl figures."""
     rows = []
     for profile, m in metrics.items():
         m = labelled_decodings(m)  # what the sampled arm sampled at, for its label
         sft, rl, model = m.get("sft") or {}, m.get("rl") or {}, (m.get("parameters") or {}).get("model", "?")
         base = {"profile": profile, "model": model, "grading": "strict (a hedge scores 0)"}
         if "world_qa_sft_strict" in sft:
-            rows.append({**base, "arm": "SFT, greedy", "data": f"{sft.get('test_questions', '?')} test questions, six suites (world QA: four)",
-                         "world QA": sft["world_qa_sft_strict"], "all suites": sft.get("heldout_sft"), "95% CI (all)": _fmt_ci(sft.get("heldout_sft_ci95")),
+            rows.append({**base, "arm": "SFT, greedy",
+                         "data": f"{sft.get('test_questions', '?')} test questions, six suites (world QA: four)",
+                         "world QA": sft["world_qa_sft_strict"],
+                         "all suites": sft.get("heldout_sft"), "95% CI (all)": _fmt_ci(sft.get("heldout_sft_ci95")),
                          "chance": sft.get("world_qa_chance")})
         if "heldout_rl_greedy_mean" in rl:
             n, seeds = rl.get("heldout_questions", "?"), rl.get("seeds", 1)
@@ -181,40 +205,52 @@ def suites_rows(metrics: Mapping[str, dict]) -> list[dict]:
             t1 = f"{rl['test_t1_decoding']['label']}, x{rl.get('t1_samples', 1)}"
             for mode, label in (("greedy", "greedy"), ("t1", t1)):
                 d = rl.get(f"paired_ci_{mode}") or {}
-                rows.append({**base, "arm": f"SFT, {label}", "data": f"{n} test questions, world QA", "world QA": rl.get(f"heldout_sft_{mode}"), "chance": chance})
-                rows.append({**base, "arm": f"RL ({seeds} seed{'s' * (seeds > 1)}, {rl.get('steps_per_seed')} steps), {label}",
+                rows.append({**base, "arm": f"SFT, {label}", "data": f"{n} test questions, world QA",
+                             "world QA": rl.get(f"heldout_sft_{mode}"), "chance": chance})
+                rows.append({**base,
+                             "arm": f"RL ({seeds} seed{'s' * (seeds > 1)}, {rl.get('steps_per_seed')} steps), {label}",
                              "data": f"{n} test questions, world QA", "world QA": rl.get(f"heldout_rl_{mode}_mean"),
-                             "RL - SFT (paired)": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")), "chance": chance})
+                             "RL - SFT (paired)": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")),
+                             "chance": chance})
     return rows
 
-
+# %% ../nbs/11_results.ipynb #2af84870
 def ablation_rows(metrics: Mapping[str, dict]) -> list[dict]:
-    "The studies each profile ran, or says it did not: SFT with observations masked against trained, and RL against SFT by seed."
+    """The studies each profile ran, or says it did not: SFT with observations masked against trained, and RL against
+    SFT by seed."""
     rows = []
     for profile, m in metrics.items():
         sft, rl = m.get("sft") or {}, labelled_decodings(m).get("rl") or {}
         if "heldout_sft" in sft:
             unmasked, d = sft.get("heldout_sft_unmasked"), sft.get("paired_masked_unmasked") or {}
-            rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked", "A": sft["heldout_sft"], "arm B": "observations trained",
-                         "B": unmasked, "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")), "questions": d.get("questions"),
-                         "note": "" if unmasked is not None else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
-        for key, d in (rl.get("paired_per_seed") or {}).items():  # a paired difference is RL's mean less SFT's, so RL's score is SFT's plus it
+            rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked",
+                         "A": sft["heldout_sft"], "arm B": "observations trained", "B": unmasked,
+                         "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")),
+                         "questions": d.get("questions"), "note": "" if unmasked is not None
+                         else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
+        # a paired difference is RL's mean less SFT's, so RL's score is SFT's plus it
+        for key, d in (rl.get("paired_per_seed") or {}).items():
             seed, mode = key.rsplit("_", 1)
             b, how = rl.get(f"heldout_sft_{mode}"), rl["test_t1_decoding"]["label"] if mode == "t1" else mode
             rows.append({"profile": profile, "study": f"RL - SFT, {seed}, {how}", "arm A": "RL",
                          "A": None if b is None else round(b + d["difference"], 4),
-                         "arm B": "SFT", "B": b, "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]), "questions": d["questions"]})
+                         "arm B": "SFT", "B": b, "difference": d["difference"], "95% CI": _fmt_ci(d["ci95"]),
+                         "questions": d["questions"]})
     return rows
 
 # %% ../nbs/11_results.ipynb #c48e54d6
-def write_table(rows: Sequence[dict], out: Path | str, title: str = "", note: str = "", digits: int = 3) -> dict[str, str]:
+def write_table(rows: Sequence[dict], out: Path | str, title: str = "", note: str = "",
+                digits: int = 3) -> dict[str, str]:
     "`rows` as `out`.md (a title, a note, the table, floats to `digits` places) and `out`.csv; returns both paths."
-    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(c for r in rows for c in r))
-    text = (f"# {title}\n\n" if title else "") + (f"{note}\n\n" if note else "") + (markdown_table(rows, columns, digits) if rows else "(no rows)") + "\n"
+    text = (f"# {title}\n\n" if title else "") + (f"{note}\n\n" if note else "") + (
+        markdown_table(rows, columns, digits) if rows else "(no rows)") + "\n"
     out.with_suffix(".md").write_text(text)
     with out.with_suffix(".csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, columns); w.writeheader()
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
         w.writerows({c: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for c, v in r.items()} for r in rows)
     return {"md": str(out.with_suffix(".md")), "csv": str(out.with_suffix(".csv"))}
 
@@ -277,7 +313,7 @@ def stand_in_models(profile: str, box, suites: Sequence[str], per_suite: int) ->
     records = {k: eval_records(root / f"eff_{k}.jsonl", engine, tasks, box, cfg) for k in ("SFT", "RL")}
     return Study({"SFT": model, "RL": model}, tasks, records, root, TINY_SYSTEM, stand_in=True)
 
-
+# %% ../nbs/11_results.ipynb #494cce51
 def study_models(profile: str, box, stand_in: bool, suites: Sequence[str] = (), per_suite: int = 2) -> Study:
     "Which models `profile` reports: those chapter 10 chose (`reported_models`), or with `stand_in` CI's on `suites`."
     return stand_in_models(profile, box, suites, per_suite) if stand_in else reported_models(profile)
@@ -401,7 +437,7 @@ def scaling_figures(scaling: Mapping[str, Sequence[dict]]) -> dict[str, dict]:
     passed = {name: {str(r["n"]): r["pass@n"] for r in rows} for name, rows in scaling.items()}
     return {"best_of_n": best, "pass_at_k": passed}
 
-
+# %% ../nbs/11_results.ipynb #60568c82
 def tts_rows(scaling: Mapping[str, Sequence[dict]], model: str, profile: str, questions: int) -> list[dict]:
     "Our rows of the paper's `tts` table: each model's Best-of-3 by majority vote and pass@3, in percent."
     s = scaling_figures(scaling)

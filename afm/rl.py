@@ -124,7 +124,7 @@ def check_rl_set(suites: Any, per_suite: Any, where: str = "") -> list[str]:
         raise ValueError(f"rl_tasks_per_suite (--tasks_per_suite) = {per_suite!r}: RL needs at least 1 task a suite")
     return list(suites)
 
-
+# %% ../nbs/10a_rl.ipynb #6d929f59
 def rl_tasks(suites: Sequence[str] = RL_SUITES, per_suite: int = 100, scale: float = 1.0, seed: int = 0) -> list[Task]:
     "The first `per_suite` tasks of the `rl` split of each suite: what RL trains on, entities SFT and tests never saw."
     from afm.evaluate import suite_tasks
@@ -156,7 +156,7 @@ def episode_reward(task: Task, ep: Episode, sample: int, config: RolloutConfig, 
     reward = rec["reward"] + format_weight * (not rec["format_failure"])
     return rec, reward + overlong_penalty(ep.sampled_tokens, config.max_new_tokens, overlong_buffer), None
 
-
+# %% ../nbs/10a_rl.ipynb #087fef6e
 def _bare_record(task: Task, ep: Episode, sample: int) -> dict:
     "A record for an episode whose grading failed: what the episode did, no grade."
     return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "answer": None,
@@ -228,7 +228,7 @@ def engine(self: AgenticRollout, trainer) -> Engine:
         self._engine = (target, engine)
     return self._engine[1]
 
-
+# %% ../nbs/10a_rl.ipynb #49526c32
 @patch
 def seed(self: AgenticRollout, step: int, draw: int, rank: int = 0) -> int:
     "The rollout seed of one draw of one step on process `rank` (processes draw other refills and sample otherwise)."
@@ -278,7 +278,7 @@ def has_signal(rewards: Sequence[float | None]) -> bool:
     scored = [r for r in rewards if r is not None]
     return len(scored) >= 2 and len(set(scored)) > 1
 
-
+# %% ../nbs/10a_rl.ipynb #c9c2c4ba
 @patch
 def _draw(self: AgenticRollout, k: int, step: int, draw: int, rank: int = 0) -> list[str]:
     "`k` task ids from the RL set, seeded by the run's seed, the step, the draw and the process."
@@ -438,7 +438,7 @@ def _identity(args: RLArgs, config: RolloutConfig, rollout_fn: AgenticRollout) -
     return {"args": asdict(args), "rollout": asdict(config), "tasks": len(rollout_fn.pool),
             "tasks_sha256": hashlib.sha256(ids).hexdigest()}
 
-
+# %% ../nbs/10a_rl.ipynb #721dbcf8
 _FREE = ("args.max_steps",)  # what may differ between resumes: a run is extended or cut short from its checkpoints
 
 

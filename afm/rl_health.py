@@ -61,7 +61,7 @@ def _write_health(path: Path, rows: list[dict], mode: str) -> None:
         for r in rows:
             w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items() if k in HEALTH})
 
-
+# %% ../nbs/10_rl_health.ipynb #452c7698
 def read_health(path: Path | str) -> list[dict]:
     "A run's `health.csv` (or its folder's) as rows of floats."
     path = Path(path)

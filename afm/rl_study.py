@@ -88,7 +88,7 @@ def graded(study: SeedsStudy, name: str, model: Path | str, tasks: Sequence[Task
     return records(study.root / f"{name}.jsonl", lambda: profile_engine(model, study.profile), tasks, study.box,
                    config, k, identity=identity, stale="restart")
 
-
+# %% ../nbs/10c_rl_study.ipynb #076d17d2
 def overall(records: Sequence[dict]) -> float:
     "A model's score over every question of its records: the avg@k of `suite_rows`' last row (all suites)."
     from afm.evaluate import suite_rows
@@ -101,7 +101,7 @@ class Choice(NamedTuple):
     scores: dict[int, dict[str, float]]
     sft: float
 
-
+# %% ../nbs/10c_rl_study.ipynb #74db8e71
 def choose_on_val(study: SeedsStudy, seeds: Sequence[int], val_tasks: Sequence[Task], n: int) -> Choice:
     """Each seed's model chosen greedy on `val_tasks` among its `n` candidates (`rl_candidates`). Validation alone
     chooses: a question of another split is refused, and `afm.evaluate.choose` refuses a record not of val."""
@@ -126,7 +126,7 @@ class Tested(NamedTuple):
     decoding: dict[str, float]  # what the sampled arm (`t1`) sampled at (`afm.rollout.decoding`)
     chance: dict[str, float]  # a no-tool guesser's score by suite
 
-
+# %% ../nbs/10c_rl_study.ipynb #398f1852
 def score_on_test(study: SeedsStudy, chosen: dict[int, Path], tasks: Sequence[Task], samples: int) -> Tested:
     """The reported models on the test questions `tasks`, scored once: the SFT model and each seed's `chosen` one,
     greedy and sampled at the profile's decoding (`samples` a question)."""
@@ -156,7 +156,7 @@ def paired_rl_sft(test: dict[str, list[dict]], seeds: Sequence[int]) -> dict[str
         paired[f"pooled_{mode}"] = paired_bootstrap(pooled, test[f"sft_{mode}"])
     return paired
 
-
+# %% ../nbs/10c_rl_study.ipynb #36a26b0c
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     "The mean and standard deviation of `xs` (a score over seeds), to four places; one seed's deviation is 0."
     return round(statistics.mean(xs), 4), round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0
@@ -169,7 +169,7 @@ def study_arms(test: dict[str, list[dict]], seeds: Sequence[int], t1: str) -> di
     return {"SFT greedy": test["sft_greedy"], "RL greedy (all seeds)": pooled("greedy"),
             f"SFT {t1}": test["sft_t1"], f"RL {t1} (all seeds)": pooled("t1")}
 
-
+# %% ../nbs/10c_rl_study.ipynb #f5bdba0c
 def behaviour_tables(arms: dict[str, list[dict]], suites: Sequence[str],
                      tasks: Sequence[Task]) -> tuple[list[dict], list[dict]]:
     """What each arm's episodes did (`afm.analysis.behaviour`) and why its failed ones failed (`failure_modes`),
@@ -284,7 +284,8 @@ def found_figures(figures: dict) -> dict:
     figures = json.loads(json.dumps(figures))  # as its record holds them (a tuple a list, a key a string)
     arms = {r["model"]: r for r in figures["behaviour"]}
     sft, rl = arms["SFT greedy"], arms["RL greedy (all seeds)"]
-    return {**figures, "t1_label": decoding_label(figures.get("test_t1_decoding") or LEGACY_DECODINGS["rl", "test_t1_decoding"]),
+    return {**figures,
+            "t1_label": decoding_label(figures.get("test_t1_decoding") or LEGACY_DECODINGS["rl", "test_t1_decoding"]),
             "chance_low": min(figures["chance"].values()), "chance_high": max(figures["chance"].values()),
             **{f"sft_{k}": v for k, v in sft.items()}, **{f"rl_{k}": v for k, v in rl.items()},
             "verdict": rl_verdict(figures)}

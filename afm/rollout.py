@@ -16,7 +16,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .coa import TAGS, Accounting, Tag, TagRegistry, Trajectory, grammar_problems, neutral, observation_text, parse, stop_strings, tag_words
+from .coa import (TAGS, Accounting, Tag, TagRegistry, Trajectory, grammar_problems, neutral, observation_text, parse,
+                     stop_strings, tag_words)
 from .core import FieldTypeError, check_fields, progress_bar
 from .engine import SEEDS, Engine, Generation, Request, SamplingParams
 from .llm import TEMPERATURE, TOP_P
@@ -32,19 +33,21 @@ __all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'USES', 'LEGACY_DEC
 
 # %% ../nbs/08_rollout.ipynb #d1a1ec70
 SEARCH_R1_PROMPT = (  # the user turn the Search-R1 checkpoints were trained on, word for word (its "as your want" too)
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new information. "
-    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> and it will "
-    "return the top searched results between <information> and </information>. You can search as many times as your want. If you "
-    "find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without "
-    "detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. You can search as "
+    "many times as your want. If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n")
 
 
 @dataclass(frozen=True)
 class Dialect:
-    """The text protocol between a model and the environment. `tags`: the tags the model writes (None: the toolbox's, CoA's
-    and its tools'); `tools`: the toolbox tool each of its tool tags calls; `information`: the tag an observation comes in
-    when it is not CoA's `<observation>` (then between blank lines); `prompt`: a template of the whole user turn (None: the
-    CoA prompt of `prompt_messages`); `grammar`: whether the CoA grammar (`afm.coa.grammar_problems`) applies to its episodes."""
+    """The text protocol between a model and the environment. `tags`: the tags the model writes (None: the toolbox's,
+    CoA's and its tools'); `tools`: the toolbox tool each of its tool tags calls; `information`: the tag an observation
+    comes in when it is not CoA's `<observation>` (then between blank lines); `prompt`: a template of the whole user
+    turn (None: the CoA prompt of `prompt_messages`); `grammar`: whether the CoA grammar (`afm.coa.grammar_problems`)
+    applies to its episodes."""
     name: str
     tags: TagRegistry | None = None
     tools: tuple[tuple[str, str], ...] = ()
@@ -57,7 +60,8 @@ class Dialect:
         return dict(self.tools).get(tag, tag)
 
     def messages(self, task: Task, registry=None, cfg: RolloutConfig | None = None) -> list[dict]:
-        "The episode's prompt as chat messages: `prompt_messages` as `cfg` says, or the dialect's user turn (a question ends in `?`)."
+        """The episode's prompt as chat messages: `prompt_messages` as `cfg` says, or the dialect's user turn (a
+        question ends in `?`)."""
         cfg = cfg or RolloutConfig()
         if self.prompt is None: return prompt_messages(task, registry, cfg.system, cfg.system_style, cfg.prompt_layout)
         q = task.question.strip()
@@ -72,52 +76,66 @@ class Dialect:
     def as_coa(self, text: str) -> str:
         "An episode's text with its observations in CoA's tags, for `afm.coa.parse`."
         if self.information is None: return text
-        return text.replace(f"<{self.information}>", "<observation>").replace(f"</{self.information}>", "</observation>")
+        return text.replace(f"<{self.information}>", "<observation>").replace(f"</{self.information}>",
+                                                                              "</observation>")
 
 
 DIALECTS = {"coa": Dialect("coa"),
-            "search-r1": Dialect("search-r1", TagRegistry([TAGS["think"], Tag("search", "tool", "a query to the retriever (wiki_search)"),
-                                                           TAGS["answer"], TAGS["observation"]]),
-                                 tools=(("search", "wiki_search"),), information="information", prompt=SEARCH_R1_PROMPT, grammar=False)}
+            "search-r1": Dialect("search-r1", TagRegistry([TAGS["think"], Tag(
+                "search", "tool", "a query to the retriever (wiki_search)"), TAGS["answer"], TAGS["observation"]]),
+                                 tools=(("search", "wiki_search"),), information="information", prompt=SEARCH_R1_PROMPT,
+                                 grammar=False)}
 
 # %% ../nbs/08_rollout.ipynb #38f1fb7e
-PROMPT_LAYOUTS = ("system", "user")  # where an episode's instructions go: a system turn (ours), or the user turn (the AFM release)
+# where an episode's instructions go: a system turn (ours), or the user turn (the AFM release)
+PROMPT_LAYOUTS = ("system", "user")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Budgets and sampling of an episode. Budgets: `max_turns`, `max_tool_calls`, `max_new_tokens`, `max_tokens_per_turn`;
-    sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`, `prompt_layout`; tools: `tool_timeout_s`;
-    the text protocol: `dialect` (`DIALECTS`).
+    """Budgets and sampling of an episode. Budgets: `max_turns`, `max_tool_calls`, `max_new_tokens`,
+    `max_tokens_per_turn`; sampling: `temperature`, `top_p`, `seed`; the prompt: `system`, `system_style`,
+    `prompt_layout`; tools: `tool_timeout_s`; the text protocol: `dialect` (`DIALECTS`).
     A profile sets them as `rollout_<field>` keys; evaluation and RL depart from them with `eval_<field>` and
     `rl_<field>` keys (`rollout_config`)."""
     max_turns: int = field(default=8, metadata={"help": "generation calls (turns) of an episode"})
     max_tool_calls: int = field(default=6, metadata={"help": "tool calls of an episode; the model's next call ends it"})
-    max_new_tokens: int = field(default=1024, metadata={"help": "tokens the model samples in an episode, observations not counted"})
-    max_tokens_per_turn: int = field(default=256, metadata={"help": "tokens of one turn; a turn that reaches it without closing a tag ends the episode"})
+    max_new_tokens: int = field(default=1024,
+                                metadata={"help": "tokens the model samples in an episode, observations not counted"})
+    max_tokens_per_turn: int = field(default=256, metadata={"help": "tokens of one turn; a turn that reaches it "
+                                                                    "without closing a tag ends the episode"})
     temperature: float = field(default=1.0, metadata={"help": f"sampling temperature in {TEMPERATURE}; 0 is greedy"})
-    top_p: float = field(default=1.0, metadata={"help": f"nucleus sampling: the smallest set of tokens of this probability, in {TOP_P}"})
-    seed: int = field(default=0, metadata={"help": f"the rollout's seed in {SEEDS}; each turn's is derived from it, the task and the turn"})
-    system: str | None = field(default=None, metadata={"help": "the system prompt; none: the SFT prompt of the task's kind"})
-    system_style: str = field(default="full", metadata={"help": "that prompt's style, full or brief (the profile's `system_style` key)"})
-    tool_timeout_s: float = field(default=120.0, metadata={"help": f"seconds in {TOOL_TIMEOUT} a tool call may take; then its observation says it timed out"})
-    prompt_layout: str = field(default="system", metadata={"help": "where the instructions go: system (a system turn, as our SFT rows "
-                               "have them) or user (the user turn, before the question, no system turn: the released AFM checkpoints)"})
-    dialect: str = field(default="coa", metadata={"help": "the text protocol: coa (our tags and prompt) or search-r1 (the prompt, tags and "
-                         "<information> blocks the Search-R1 checkpoints were trained with)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest set of tokens of this "
+                                                        f"probability, in {TOP_P}"})
+    seed: int = field(default=0, metadata={"help": f"the rollout's seed in {SEEDS}; each turn's is derived from it, "
+                                                   "the task and the turn"})
+    system: str | None = field(default=None,
+                               metadata={"help": "the system prompt; none: the SFT prompt of the task's kind"})
+    system_style: str = field(default="full", metadata={"help": "that prompt's style, full or brief (the "
+                                                                "profile's `system_style` key)"})
+    tool_timeout_s: float = field(default=120.0, metadata={"help": f"seconds in {TOOL_TIMEOUT} a tool call may take; "
+                                                                   "then its observation says it timed out"})
+    prompt_layout: str = field(default="system", metadata={"help": "where the instructions go: system (a system turn, "
+                               "as our SFT rows have them) or user (the user turn, before the question, no system "
+                               "turn: the released AFM checkpoints)"})
+    dialect: str = field(default="coa", metadata={"help": "the text protocol: coa (our tags and prompt) or search-r1 "
+                         "(the prompt, tags and <information> blocks the Search-R1 checkpoints were trained with)"})
 
     def __post_init__(self):
-        check_fields(self, ints={"max_turns": 1, "max_tool_calls": 0, "max_new_tokens": 1, "max_tokens_per_turn": 1, "seed": SEEDS},
+        check_fields(self, ints={"max_turns": 1, "max_tool_calls": 0, "max_new_tokens": 1, "max_tokens_per_turn": 1,
+                                 "seed": SEEDS},
                      numbers={"temperature": TEMPERATURE, "top_p": TOP_P, "tool_timeout_s": TOOL_TIMEOUT})
         if self.system is not None and not isinstance(self.system, str):
             raise FieldTypeError(f"RolloutConfig.system must be text or None, got {type(self.system).__name__}")
         system_prompt("qa", style=self.system_style)  # a bad style fails here, naming the styles
         if self.prompt_layout not in PROMPT_LAYOUTS:
-            raise ValueError(f"RolloutConfig.prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {self.prompt_layout!r}")
+            raise ValueError(f"RolloutConfig.prompt_layout must be one of {', '.join(PROMPT_LAYOUTS)}, got "
+                             f"{self.prompt_layout!r}")
         if self.dialect not in DIALECTS:
             raise ValueError(f"RolloutConfig.dialect must be one of {', '.join(DIALECTS)}, got {self.dialect!r}")
         if DIALECTS[self.dialect].prompt is not None and self.system is not None:
-            raise ValueError(f"RolloutConfig: the {self.dialect} dialect asks in its checkpoints' own prompt; system must be None")
+            raise ValueError(f"RolloutConfig: the {self.dialect} dialect asks in its checkpoints' own "
+                             "prompt; system must be None")
 
 # %% ../nbs/08_rollout.ipynb #3aa12872
 USES = {"eval": "evaluate", "rl": "rl"}  # a use -> the chapter whose `<use>_*` parameters share its prefix
@@ -144,7 +162,7 @@ def decoding(config: RolloutConfig) -> dict[str, float]:
     "How `config` samples, as a chapter records it beside a figure measured with it: its temperature and top-p."
     return {"temperature": config.temperature, "top_p": config.top_p}
 
-
+# %% ../nbs/08_rollout.ipynb #3f752782
 def decoding_label(d: dict) -> str:
     "A recorded decoding (`decoding`) as a label says it: `temperature 1.0, top-p 0.9`, or `greedy` at temperature 0."
     num = lambda v: f"{v:.1f}" if round(v, 1) == v else f"{v:g}"
@@ -170,7 +188,8 @@ class Episode:
     format_error: str | None = None
     turns: int = 0
     tool_calls: int = 0  # calls whose observation reached the model
-    tool_failures: int = 0  # calls the tool could not serve (an error, a timeout, a broken tool): the environment's fault, not the model's
+    # calls the tool could not serve (an error, a timeout, a broken tool): the environment's fault, not the model's
+    tool_failures: int = 0
     seconds: float = 0.0
     tool_seconds: float = 0.0
 
@@ -179,35 +198,43 @@ class Episode:
 
 # %% ../nbs/08_rollout.ipynb #ac9f941b
 def turn_seed(seed: int, task_id: str, sample: int, turn: int) -> int:
-    """The sampling seed of one turn: a 63-bit hash of the rollout's seed, the task's id, which sample of that task it is,
-    and the turn; below 2**63, so that every engine and every OpenAI-compatible endpoint (an int64 seed) takes it."""
+    """The sampling seed of one turn: a 63-bit hash of the rollout's seed, the task's id, which sample of that task it
+    is, and the turn; below 2**63, so that every engine and every OpenAI-compatible endpoint (an int64 seed) takes
+    it."""
     digest = hashlib.blake2b(json.dumps([seed, task_id, sample, turn]).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 # %% ../nbs/08_rollout.ipynb #41c9fa71
 class _State:
-    "An episode in progress: its task, which sample of that task it is, its tool session and where its current turn began."
+    """An episode in progress: its task, which sample of that task it is, its tool session and where its current turn
+    began."""
     def __init__(self, task: Task, ep: Episode, session, sample: int, dialect: Dialect | None = None):
-        self.task, self.ep, self.session, self.sample, self.dialect = task, ep, session, sample, dialect or DIALECTS["coa"]
+        self.task, self.ep, self.session, self.sample, self.dialect = (task, ep, session, sample,
+                                                                       dialect or DIALECTS["coa"])
         self.turn_start = 0  # where in completion_ids the current turn's sampled text begins
         self.t0 = time.perf_counter()
 
-
-def prompt_messages(task: Task, registry=None, system: str | None = None, style: str = "full", layout: str = "system") -> list[dict]:
-    """The episode's prompt as chat messages. The instructions (`system`, default: the task kind's system prompt in `style`)
-    are a system turn before the question, or with `layout="user"` open the user turn, a blank line before the question,
-    with no system turn: the released AFM checkpoints' layout. There, a task that carries the release's own prompt (its RL
-    rows' `meta["prompt"]` messages) and no `system` of the caller's is asked in that prompt, as it is."""
-    if layout not in PROMPT_LAYOUTS: raise ValueError(f"prompt layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {layout!r}")
+# %% ../nbs/08_rollout.ipynb #69efcb81
+def prompt_messages(task: Task, registry=None, system: str | None = None, style: str = "full",
+                    layout: str = "system") -> list[dict]:
+    """The episode's prompt as chat messages. The instructions (`system`, default: the task kind's system prompt in
+    `style`) are a system turn before the question, or with `layout="user"` open the user turn, a blank line before the
+    question, with no system turn: the released AFM checkpoints' layout. There, a task that carries the release's own
+    prompt (its RL rows' `meta["prompt"]` messages) and no `system` of the caller's is asked in that prompt, as it
+    is."""
+    if layout not in PROMPT_LAYOUTS:
+        raise ValueError(f"prompt layout must be one of {', '.join(PROMPT_LAYOUTS)}, got {layout!r}")
     own = task.meta.get("prompt") if layout == "user" and system is None else None
-    if own and isinstance(own, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in own):
+    if own and isinstance(own, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                             and isinstance(m.get("content"), str) for m in own):
         return [{"role": m["role"], "content": m["content"]} for m in own]
     system = system_prompt(task.kind, registry, style) if system is None else system
     if layout == "user": return [{"role": "user", "content": f"{system}\n\n{task.question}"}]
     return [{"role": "system", "content": system}, {"role": "user", "content": task.question}]
 
-
-def prompt_ids(tokenizer, task: Task, registry=None, system: str | None = None, style: str = "full", layout: str = "system") -> list[int]:
+# %% ../nbs/08_rollout.ipynb #c8396d62
+def prompt_ids(tokenizer, task: Task, registry=None, system: str | None = None, style: str = "full",
+               layout: str = "system") -> list[int]:
     "The ids of the episode's prompt (`prompt_messages`) under the chat template, up to the assistant's turn."
     return chat_prompt_ids(tokenizer, prompt_messages(task, registry, system, style, layout))
 
@@ -218,35 +245,43 @@ def rollout(engine: Engine, tasks: Sequence[Task], toolbox: Toolbox | None = Non
 
     An episode's tool call runs in a thread of its own while the other episodes keep generating, and the episode rejoins
     the batch in flight as soon as its observation is back (`Engine.run`). `stats`, when given, receives the wall time,
-    the time spent in tool calls, and the time spent waiting on tools with nothing to generate. `samples`, when given, says
-    which sample of its task each episode is (its seeds follow from it); by default a task's repeats count 0, 1, … in order.
-    Tasks of a generated world given a `toolbox` built for another are refused before anything runs (`check_world`)."""
+    the time spent in tool calls, and the time spent waiting on tools with nothing to generate. `samples`, when given,
+    says which sample of its task each episode is (its seeds follow from it); by default a task's repeats count 0, 1, …
+    in order. Tasks of a generated world given a `toolbox` built for another are refused before anything runs
+    (`check_world`)."""
     t_start, cfg, box = time.perf_counter(), config or RolloutConfig(), toolbox or Toolbox()
     check_world(tasks, box.world)  # their answers would be on pages its search never finds: every episode would score 0
     dialect, states, seen = DIALECTS[cfg.dialect], [], Counter()
-    if samples is not None and len(samples) != len(tasks): raise ValueError(f"samples: {len(samples)} numbers for {len(tasks)} tasks")
+    if samples is not None and len(samples) != len(tasks):
+        raise ValueError(f"samples: {len(samples)} numbers for {len(tasks)} tasks")
     for i, task in enumerate(tasks):
         ep = Episode(task.id, chat_prompt_ids(engine.tokenizer, dialect.messages(task, box.registry, cfg)))
-        states.append(_State(task, ep, box.session(task.question), seen[task.id] if samples is None else samples[i], dialect))
+        states.append(_State(task, ep, box.session(task.question),
+                             seen[task.id] if samples is None else samples[i], dialect))
         seen[task.id] += 1
     with progress_bar(total=len(states), desc="episodes", disable=not progress) as bar:
         loop = _Loop(engine, cfg, dialect.tags or box.registry.tags, bar)
         for s in states:
             if len(s.ep.prompt_ids) < engine.context: loop.ready.append(s)
-            else: _end(s, "context", engine.tokenizer, loop.tags); bar.update(1)
+            else:
+                _end(s, "context", engine.tokenizer, loop.tags)
+                bar.update(1)
         engine.run(loop.pull, loop.done)
     for s in states: engine.forget(id(s))
     if stats is not None:
-        stats.update(wall_s=time.perf_counter() - t_start, tool_wait_s=loop.waited, tool_s=sum(s.ep.tool_seconds for s in states))
+        stats.update(wall_s=time.perf_counter() - t_start, tool_wait_s=loop.waited,
+                     tool_s=sum(s.ep.tool_seconds for s in states))
     return [s.ep for s in states]
 
 # %% ../nbs/08_rollout.ipynb #c6d948cd
 class _Loop:
-    "The episodes of one `rollout` call between the engine and the tools: those ready to generate, and those waiting on a tool."
+    """The episodes of one `rollout` call between the engine and the tools: those ready to generate, and those
+    waiting on a tool."""
     def __init__(self, engine: Engine, cfg: RolloutConfig, tags, bar):
         self.engine, self.cfg, self.tags, self.bar, self.tok = engine, cfg, tags, bar, engine.tokenizer
         self.controls, self.stops = control_tokens(self.tok), tuple(stop_strings(tags))
-        self.single = tuple(ids[0] for s in self.stops if len(ids := self.tok(s, add_special_tokens=False)["input_ids"]) == 1)
+        self.single = tuple(ids[0] for s in self.stops
+                            if len(ids := self.tok(s, add_special_tokens=False)["input_ids"]) == 1)
         self.ready: list[_State] = []
         self.pending: dict[Future, tuple[float, _State]] = {}  # a running tool call -> (when it started, its episode)
         self.asked: dict[int, _State] = {}  # id(request) -> the episode it continues
@@ -265,8 +300,8 @@ class _Loop:
             first = min(started for started, _ in self.pending.values())
             wait(list(self.pending), timeout=max(0.0, first + limit - now), return_when=FIRST_COMPLETED)
             self.waited += time.perf_counter() - now
-        reqs = [Request(s.ep.prompt_ids + s.ep.completion_ids, _params(s, self.cfg, self.stops, self.single, self.engine), key=id(s))
-                for s in self.ready]
+        reqs = [Request(s.ep.prompt_ids + s.ep.completion_ids,
+                        _params(s, self.cfg, self.stops, self.single, self.engine), key=id(s)) for s in self.ready]
         self.asked.update((id(r), s) for r, s in zip(reqs, self.ready))
         self.ready = []
         return reqs
@@ -275,20 +310,24 @@ class _Loop:
         "A turn ended: start its tool call, or end the episode."
         s = self.asked.pop(id(req))
         s.ep.turns += 1
-        s.ep.completion_ids += g.ids; s.ep.env_mask += [1] * len(g.ids); s.ep.logprobs += g.logprobs
+        s.ep.completion_ids += g.ids
+        s.ep.env_mask += [1] * len(g.ids)
+        s.ep.logprobs += g.logprobs
         call = _next(s, g, self.cfg, self.tok, self.tags, self.engine.context)
         if call is None: self.bar.update(1)
-        else: self.pending[_spawn(_call, s, s.dialect.tool(call[0]), call[1], self.cfg.tool_timeout_s)] = (time.perf_counter(), s)
+        else: self.pending[_spawn(_call, s, s.dialect.tool(call[0]), call[1],
+                                  self.cfg.tool_timeout_s)] = (time.perf_counter(), s)
 
 # %% ../nbs/08_rollout.ipynb #f8e28366
 def _params(s: _State, cfg: RolloutConfig, stops, single, engine) -> SamplingParams:
-    "This turn's sampling: the least of the turn's budget, what is left of the episode's and of the context (at least 1: `_next` ends an episode with none)."
+    """This turn's sampling: the least of the turn's budget, what is left of the episode's and of the context (at
+    least 1: `_next` ends an episode with none)."""
     left = min(cfg.max_tokens_per_turn, cfg.max_new_tokens - s.ep.sampled_tokens,
                engine.context - len(s.ep.prompt_ids) - len(s.ep.completion_ids))
     return SamplingParams(max_tokens=left, temperature=cfg.temperature, top_p=cfg.top_p,
                           seed=turn_seed(cfg.seed, s.task.id, s.sample, s.ep.turns), stop=stops, stop_token_ids=single)
 
-
+# %% ../nbs/08_rollout.ipynb #4508217b
 def _next(s: _State, g: Generation, cfg: RolloutConfig, tok, tags, context: int) -> tuple[str, str] | None:
     "After a turn: the tool call `(name, input)` to run, or None when the episode ended (its end recorded)."
     ep = s.ep
@@ -298,14 +337,16 @@ def _next(s: _State, g: Generation, cfg: RolloutConfig, tok, tags, context: int)
     if g.finish == "context": return _end(s, "context", tok, tags)
     if g.finish == "length":
         full = len(ep.prompt_ids) + len(ep.completion_ids) >= context
-        return _end(s, "max_new_tokens" if ep.sampled_tokens >= cfg.max_new_tokens else "context" if full else "unclosed", tok, tags)
+        return _end(s, "max_new_tokens" if ep.sampled_tokens >= cfg.max_new_tokens else "context" if full
+                    else "unclosed", tok, tags)
     if g.stopped_by == "</answer>" or text.endswith("</answer>"): return _end(s, "answer", tok, tags)
     name = next((t.name for t in tags if t.kind == "tool" and text.endswith(t.close)), None)
     if name is None: return _end(s, "end_of_turn", tok, tags)
     body = text[: -len(f"</{name}>")]
     at = body.rfind(f"<{name}>")
     if at < 0: return _end(s, "bad_call", tok, tags)
-    if ep.sampled_tokens >= cfg.max_new_tokens: return _end(s, "max_new_tokens", tok, tags)  # no token left for the next turn
+    # no token left for the next turn
+    if ep.sampled_tokens >= cfg.max_new_tokens: return _end(s, "max_new_tokens", tok, tags)
     if ep.tool_calls >= cfg.max_tool_calls: return _end(s, "max_tool_calls", tok, tags)
     if ep.turns >= cfg.max_turns: return _end(s, "max_turns", tok, tags)
     return name, body[at + len(name) + 2:]
@@ -315,7 +356,8 @@ _GRACE_S = 1.0  # how long after the tool's timeout the rollout still waits for 
 
 
 def _spawn(fn: Callable, *args) -> Future:
-    "`fn(*args)` in a daemon thread of its own, as a Future: a call that never returns keeps that thread, never the caller."
+    """`fn(*args)` in a daemon thread of its own, as a Future: a call that never returns keeps that thread, never the
+    caller."""
     fut: Future = Future()
     def work():
         try: fut.set_result(fn(*args))
@@ -323,15 +365,16 @@ def _spawn(fn: Callable, *args) -> Future:
     threading.Thread(target=work, name="rollout tool call", daemon=True).start()
     return fut
 
-
+# %% ../nbs/08_rollout.ipynb #0a8ad00a
 @dataclass
 class _Failed:
     "An observation made by the rollout: a call that did not come back in time, or a session that failed."
     observation: str
 
-
+# %% ../nbs/08_rollout.ipynb #28cdb817
 def _call(s: _State, name: str, text: str, timeout_s: float):
-    "Run one tool call: `(result, seconds)`, the result a `ToolResult`, a `_Failed`, or the exception that ends the episode."
+    """Run one tool call: `(result, seconds)`, the result a `ToolResult`, a `_Failed`, or the exception that ends the
+    episode."""
     t0 = time.perf_counter()
     try: result = s.session.call(name, text, timeout_s=timeout_s)
     except (ToolBroken, ReplayMiss) as e: result = e
@@ -343,17 +386,23 @@ def _observe(s: _State, fut: Future, engine: Engine, cfg: RolloutConfig, tags, c
     "Append the call's observation as forced tokens; whether the episode goes on."
     tok, ep = engine.tokenizer, s.ep
     if fut.done(): result, seconds = fut.result()
-    else: result, seconds = _Failed(f"[FAILED] the tool did not answer within {cfg.tool_timeout_s:g} s"), cfg.tool_timeout_s
+    else: result, seconds = (_Failed(f"[FAILED] the tool did not answer within {cfg.tool_timeout_s:g} s"),
+                             cfg.tool_timeout_s)
     ep.tool_seconds += seconds
     failed = isinstance(result, (ToolBroken, ReplayMiss, _Failed)) or result.status in ("tool_error", "timeout")
     ep.tool_failures += failed
     if isinstance(result, (ToolBroken, ReplayMiss)):
-        _end(s, "tool_broken", tok, tags, why=str(result)); return False
-    forced = tok(s.dialect.observation_text(result.observation.lstrip(), tags, controls), add_special_tokens=False)["input_ids"]
+        _end(s, "tool_broken", tok, tags, why=str(result))
+        return False
+    forced = tok(s.dialect.observation_text(result.observation.lstrip(), tags, controls),
+                 add_special_tokens=False)["input_ids"]
     if len(ep.prompt_ids) + len(ep.completion_ids) + len(forced) >= engine.context:
-        _end(s, "context", tok, tags); return False  # the observation never reached the model: not a tool call
+        _end(s, "context", tok, tags)
+        return False  # the observation never reached the model: not a tool call
     ep.tool_calls += 1
-    ep.completion_ids += forced; ep.env_mask += [0] * len(forced); ep.logprobs += [0.0] * len(forced)
+    ep.completion_ids += forced
+    ep.env_mask += [0] * len(forced)
+    ep.logprobs += [0.0] * len(forced)
     s.turn_start = len(ep.completion_ids)
     return True
 
@@ -363,17 +412,18 @@ def sampled_answer(tokenizer, ep: Episode, tags=None) -> str | None:
     last = max((k for k, m in enumerate(ep.env_mask) if m == 0), default=-1)
     return parse(decode(tokenizer, ep.completion_ids[last + 1:]), tags=tags).answer
 
-
+# %% ../nbs/08_rollout.ipynb #4b7a8584
 def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
     "Record how the episode ended and its trajectory, whose answer comes from the final turn's sampled tokens alone."
     ep = s.ep
     ep.end, ep.seconds = end, time.perf_counter() - s.t0
-    traj = parse(s.dialect.as_coa(decode(tok, ep.completion_ids)), task_id=s.task.id, question=s.task.question, tags=tags,
-                 meta={"kind": s.task.kind, "end": end})
+    traj = parse(s.dialect.as_coa(decode(tok, ep.completion_ids)), task_id=s.task.id, question=s.task.question,
+                 tags=tags, meta={"kind": s.task.kind, "end": end})
     traj.accounting = Accounting(len(ep.prompt_ids), ep.sampled_tokens, ep.tool_calls, round(ep.seconds, 4))
     parsed, traj.answer = traj.answer, sampled_answer(tok, ep, tags)
     problems = traj.problems + ([] if traj.problems or not s.dialect.grammar else grammar_problems(traj, tags=tags))
-    if parsed is not None and traj.answer is None: problems.insert(0, "an <answer> outside the model's final turn (ignored)")
+    if parsed is not None and traj.answer is None:
+        problems.insert(0, "an <answer> outside the model's final turn (ignored)")
     ep.trajectory, ep.format_error = traj, why or (problems[0] if problems else None)
     return None
 
@@ -382,21 +432,26 @@ def drift(tokenizer, ep: Episode) -> int | None:
     "The first completion position where a fresh tokenisation of the episode's text differs from its ids; None if none."
     pieces, run, kind = [], [], None
     for i, m in zip(ep.completion_ids, ep.env_mask):
-        if kind is not None and m != kind: pieces.append(run); run = []
-        run.append(i); kind = m
+        if kind is not None and m != kind:
+            pieces.append(run)
+            run = []
+        run.append(i)
+        kind = m
     if run: pieces.append(run)
     fresh = [t for p in pieces for t in tokenizer(decode(tokenizer, p), add_special_tokens=False)["input_ids"]]
     return next((k for k, (a, b) in enumerate(zip(fresh, ep.completion_ids)) if a != b),
                 None if len(fresh) == len(ep.completion_ids) else min(len(fresh), len(ep.completion_ids)))
 
 # %% ../nbs/08_rollout.ipynb #b876318b
-def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, rounds: int = 2) -> dict:
+def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig,
+                  rounds: int = 2) -> dict:
     """Episodes/s and sampled tokens/s of rollouts batched (16), one at a time, and the library way; their ratios; the
     tool-wait share. The arms take turns `rounds` times, in alternating order (batched, one at a time, library; then the
     reverse), and each arm's figures count all its rounds: a load that changes during the benchmark weighs on every arm
     alike."""
     from afm.engine import GenerateEngine, TransformersEngine
-    arms = {"batched": TransformersEngine(model, tokenizer, max_batch=16), "single": TransformersEngine(model, tokenizer, max_batch=1),
+    arms = {"batched": TransformersEngine(model, tokenizer, max_batch=16),
+            "single": TransformersEngine(model, tokenizer, max_batch=1),
             "library": GenerateEngine(model, tokenizer, max_batch=16)}
     eps, secs, tokens, stats = {}, dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0), {}
     for r in range(rounds):
@@ -405,21 +460,26 @@ def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config:
             eps[name] = [e for t in tasks for e in rollout(arms[name], [t], box, config)] if name == "single" else \
                 rollout(arms[name], tasks, box, config, stats=stats if name == "batched" and r == 0 else None)
             secs[name] += (time.perf_counter() - t0) / rounds  # seconds a round
-            tokens[name] += sum(e.sampled_tokens for e in eps[name]) / rounds  # the library way samples other episodes each round
+            # the library way samples other episodes each round
+            tokens[name] += sum(e.sampled_tokens for e in eps[name]) / rounds
     (batched, single), (tb, ts, tl) = (eps["batched"], eps["single"]), secs.values()
     rate = lambda arm: tokens[arm] / secs[arm]
     return {"episodes": len(tasks), "tool_calls": sum(e.tool_calls for e in batched),
-            "same_episodes": round(sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single)) / max(1, len(tasks)), 3),
-            "batched_episodes_per_s": round(len(tasks) / tb, 2), "one_at_a_time_episodes_per_s": round(len(tasks) / ts, 2),
+            "same_episodes": round(sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single))
+                                   / max(1, len(tasks)), 3),
+            "batched_episodes_per_s": round(len(tasks) / tb, 2),
+            "one_at_a_time_episodes_per_s": round(len(tasks) / ts, 2),
             "library_episodes_per_s": round(len(tasks) / tl, 2), "batched_tokens_per_s": round(rate("batched")),
             "one_at_a_time_tokens_per_s": round(rate("single")), "library_tokens_per_s": round(rate("library")),
             "batched_speedup": round(ts / tb, 2), "batched_tokens_speedup": round(rate("batched") / rate("single"), 2),
             "vs_library": round(tl / tb, 2), "vs_library_tokens": round(rate("batched") / rate("library"), 2),
-            "tool_wait_share": round(stats["tool_wait_s"] / stats["wall_s"], 3), "tool_seconds": round(stats["tool_s"], 3), "rounds": rounds}
+            "tool_wait_share": round(stats["tool_wait_s"] / stats["wall_s"], 3),
+            "tool_seconds": round(stats["tool_s"], 3), "rounds": rounds}
 
 # %% ../nbs/08_rollout.ipynb #385a58d3
 def cli_bench(argv: list[str] | None = None) -> int:
-    "`afm bench rollout`: rollouts of the tool-calling tiny model batched, one at a time and the library way, side by side."
+    """`afm bench rollout`: rollouts of the tool-calling tiny model batched, one at a time and the library way, side
+    by side."""
     import argparse
     from afm.tasks import load_benchmark
     from afm.world import tool_sizes, world_toolbox

@@ -69,7 +69,7 @@ def check_args(code: object, stdin: object, timeout_s: object, memory_mb: object
     check_range("memory_mb", memory_mb, MIN_MEMORY_MB, whole=True)
     check_range("max_output_chars", max_output_chars, 1, whole=True)
 
-
+# %% ../nbs/02c_sandbox.ipynb #310e4c43
 def choose_isolation() -> tuple[str, str]:
     """The isolation to use, from AFM_SANDBOX (auto | bwrap | rlimits), and why."""
     wanted = os.environ.get("AFM_SANDBOX", "auto").strip().lower() or "auto"
@@ -105,7 +105,7 @@ def _bwrap_check() -> tuple[bool, str]:
         return False, f"bwrap failed: {probe.stderr.decode(errors='replace').strip()}"
     return True, "bwrap works with unprivileged user, pid and network namespaces"
 
-
+# %% ../nbs/02c_sandbox.ipynb #fb7d1b56
 @dataclass(frozen=True)
 class Limits:
     """The resource limits that depend on the run: RLIMIT_CPU (SIGKILL a second later) and RLIMIT_AS."""
@@ -140,7 +140,7 @@ def _launcher(uid: int | None, limits: Limits) -> list[str]:
     options = [*limits.options(), f"--fsize={MAX_FILE_MB << 20}", f"--nproc={nproc}", "--core=0"]
     return [*_as_user(uid), _tool("prlimit"), *options, "--"]
 
-
+# %% ../nbs/02c_sandbox.ipynb #880d256e
 def _as_user(uid: int | None) -> list[str]:
     """setpriv prefix switching root to uid for good (nothing when not root)."""
     if uid is None:
@@ -148,7 +148,7 @@ def _as_user(uid: int | None) -> list[str]:
     drop = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--pdeathsig=KILL"]
     return [_tool("setpriv"), *drop, "--"]
 
-
+# %% ../nbs/02c_sandbox.ipynb #6a6532b0
 @functools.cache
 def _tool(name: str) -> str:
     """Absolute path of a util-linux tool."""
@@ -157,15 +157,16 @@ def _tool(name: str) -> str:
         raise RuntimeError(f"the sandbox needs {name} (util-linux), which is not installed")
     return path
 
-
+# %% ../nbs/02c_sandbox.ipynb #d1a467c6
 def _bwrap_argv(workdir: str, info_fd: int | None) -> list[str]:
     """bwrap prefix for the sandbox around workdir, reporting its pid-namespace init to info_fd."""
     info = [] if info_fd is None else ["--info-fd", str(info_fd)]
-    box = ["--size", str(WORKDIR_MB << 20), "--tmpfs", BOX_DIR, "--ro-bind", workdir, _CODE_DIR]  # main.py comes from the host
+    # main.py comes from the host
+    box = ["--size", str(WORKDIR_MB << 20), "--tmpfs", BOX_DIR, "--ro-bind", workdir, _CODE_DIR]
     box += ["--symlink", f"{_CODE_DIR}/main.py", f"{BOX_DIR}/main.py", "--chdir", BOX_DIR, "--symlink", BOX_DIR, "/tmp"]
     return [*_bwrap_base(), *info, *box, "--remount-ro", "/", "--"]
 
-
+# %% ../nbs/02c_sandbox.ipynb #9867e87c
 @functools.cache
 def _bwrap_base() -> tuple[str, ...]:
     """The bwrap options that do not depend on the run."""
@@ -179,7 +180,7 @@ def _bwrap_base() -> tuple[str, ...]:
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm"]
     return (*argv, "--remount-ro", "/dev")
 
-
+# %% ../nbs/02c_sandbox.ipynb #4d316cfb
 def _environment(home: str) -> dict[str, str]:
     """The whole environment the sandbox starts with."""
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home, "USER": "sandbox"}
@@ -201,7 +202,7 @@ def lease_uid() -> tuple[int | None, int | None]:
         return UID_BASE + slot, fd
     raise RuntimeError(f"all {UID_SLOTS} sandbox uids are in use")
 
-
+# %% ../nbs/02c_sandbox.ipynb #4715e743
 @contextmanager
 def _uid_lease() -> Iterator[int | None]:
     """Hold a sandbox uid that no other run uses meanwhile (None when not root)."""
@@ -212,7 +213,7 @@ def _uid_lease() -> Iterator[int | None]:
         if lock is not None:
             os.close(lock)
 
-
+# %% ../nbs/02c_sandbox.ipynb #98e1da09
 @functools.cache
 def _lock_dir() -> str:
     """A private directory for the uid lock files."""
@@ -236,7 +237,7 @@ def new_workdir(uid: int | None) -> str:
         raise
     return path
 
-
+# %% ../nbs/02c_sandbox.ipynb #9c8d051e
 @contextmanager
 def _workdir(uid: int | None) -> Iterator[str]:
     """A fresh directory owned by uid, removed afterwards."""
@@ -246,7 +247,7 @@ def _workdir(uid: int | None) -> Iterator[str]:
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
-
+# %% ../nbs/02c_sandbox.ipynb #f2cc2ca9
 @contextmanager
 def _stdin_source(data: bytes) -> Iterator[int]:
     """A read-only descriptor of an unlinked file holding data."""
@@ -259,7 +260,7 @@ def _stdin_source(data: bytes) -> Iterator[int]:
     finally:
         os.close(fd)
 
-
+# %% ../nbs/02c_sandbox.ipynb #40ddac37
 def reader(f: io.IOBase) -> int:
     """A new read-only descriptor, at offset 0, of the file f is open on."""
     return os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDONLY)
@@ -294,7 +295,7 @@ class Capture:
             return text
         return clip(text, self.limit, omitted=self.total - len(self.head) - len(self.tail))
 
-
+# %% ../nbs/02c_sandbox.ipynb #3bd9cde6
 class Run(NamedTuple):
     """What collecting one run gave."""
 
@@ -317,7 +318,7 @@ def run_cold(isolation: str, job: Job) -> Run:
         out, err, stopped = collect(proc, uid, init, deadline, job.max_output_chars, workdir)
         return Run(proc.returncode, out, err, stopped, time.monotonic() - start, warm=False)
 
-
+# %% ../nbs/02c_sandbox.ipynb #2da8ba38
 def launch(
     isolation: str, workdir: str, stdin_fd: int, uid: int | None, limits: Limits, deadline: float
 ) -> tuple[subprocess.Popen, int | None]:
@@ -403,7 +404,7 @@ def collect(
     proc.stderr.close()
     return out, err, stopped
 
-
+# %% ../nbs/02c_sandbox.ipynb #27f7124f
 def _usage_probe(init: int | None, workdir: str) -> Callable[[], int] | None:
     """A function counting the files in the run's working directory; None when they cannot be counted."""
     if init is None:
@@ -424,7 +425,7 @@ def _usage_probe(init: int | None, workdir: str) -> Callable[[], int] | None:
         return st.f_files - st.f_ffree
     return used
 
-
+# %% ../nbs/02c_sandbox.ipynb #e8adeb68
 def _count_files(path: str, stop: int) -> int:
     """Entries under path, counting no further than stop."""
     n, todo = 0, [path]
@@ -439,7 +440,7 @@ def _count_files(path: str, stop: int) -> int:
             continue
     return n
 
-
+# %% ../nbs/02c_sandbox.ipynb #4eef23d8
 def reap(proc: subprocess.Popen, uid: int | None, init: int | None) -> None:
     """Kill what the run left and wait for it: bwrap's pid namespace, else every process of its uid."""
     with suppress(ProcessLookupError, PermissionError):
@@ -460,7 +461,7 @@ def _end_namespace(init: int) -> None:
     finally:
         os.close(init)
 
-
+# %% ../nbs/02c_sandbox.ipynb #19da93c8
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of uid, by kill(-1) run as uid, then wait until none is left."""
     # kill(-1) signals them all under the kernel's task-list lock, so no fork slips through;
@@ -475,7 +476,7 @@ def _kill_uid(uid: int) -> None:
             return
         time.sleep(0.001)
 
-
+# %% ../nbs/02c_sandbox.ipynb #3f74d276
 def _kill_if_owned(pid: int, uid: int) -> None:
     """SIGKILL pid through a pidfd, after checking that it is still uid's."""
     try:
@@ -490,7 +491,7 @@ def _kill_if_owned(pid: int, uid: int) -> None:
     finally:
         os.close(fd)
 
-
+# %% ../nbs/02c_sandbox.ipynb #c9aa4fea
 def _live_processes() -> Iterator[tuple[int, int]]:
     """(pid, real uid) of every process that is not a zombie."""
     for name in os.listdir("/proc"):
@@ -513,7 +514,7 @@ def _owner(pid: int) -> int | None:
     match = _STATUS_UID.search(status)
     return int(match.group(2)) if match and match.group(1) not in b"ZX" else None
 
-
+# %% ../nbs/02c_sandbox.ipynb #b866b5fc
 def _count_processes(uid: int) -> int:
     """How many live processes uid has."""
     return sum(owner == uid for _, owner in _live_processes())

@@ -70,7 +70,7 @@ class Pool(Protocol):
     def run(self, isolation: str, job: Job) -> Run | None:
         "Run job in a sandbox of its kind launched ahead; None when there is none ready (then it starts cold)."
 
-
+# %% ../nbs/02c_sandbox_run.ipynb #e02c7ba8
 def run_python(
     code: str,
     stdin: str = "",
@@ -102,7 +102,7 @@ def run_python(
         warm=run.warm,
     )
 
-
+# %% ../nbs/02c_sandbox_run.ipynb #cb292a0a
 _COOKIE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
 
@@ -140,7 +140,7 @@ def _normalise(returncode: int) -> int:
     """Exit status in the shell's convention (128 + n for signal n)."""
     return 128 - returncode if returncode < 0 else returncode
 
-
+# %% ../nbs/02c_sandbox_run.ipynb #c2548173
 def _classify(stopped: str | None, code: int | None, stderr: str, timeout_s: float, memory_mb: int) -> tuple[str, str]:
     """Status and failure reason of a finished run."""
     if stopped == "killed":
@@ -163,7 +163,7 @@ def _classify(stopped: str | None, code: int | None, stderr: str, timeout_s: flo
         return "error", f"Code exited with status {code} (signal {signal.Signals(code - 128).name})"
     return "error", f"Code exited with status {code}"
 
-
+# %% ../nbs/02c_sandbox_run.ipynb #2db91136
 def _share(texts: list[str], budget: int) -> list[str]:
     """Clip texts to share budget characters, short ones keeping all they need."""
     clipped = list(texts)
@@ -174,7 +174,7 @@ def _share(texts: list[str], budget: int) -> list[str]:
         left -= len(clipped[i])
     return clipped
 
-
+# %% ../nbs/02c_sandbox_run.ipynb #deea0eba
 @functools.cache
 def _warn_fallback(reason: str) -> None:
     """Warn, once per reason, that only rlimits protect the host."""

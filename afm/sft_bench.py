@@ -22,7 +22,8 @@ __all__ = ['matmul_peak', 'train_flops', 'bench_sft', 'cli_bench']
 
 # %% ../nbs/09d_sft_bench.ipynb #2579a752
 def matmul_peak(n: int = 1024, repeats: int = 8, dtype: str = "float32") -> float:
-    "FLOP/s of an `n`×`n` matrix product in `dtype` with torch's current threads: the peak that MFU is measured against."
+    """FLOP/s of an `n`×`n` matrix product in `dtype` with torch's current threads: the peak that MFU is measured
+    against."""
     import torch
     a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     for _ in range(2): a @ b
@@ -30,19 +31,23 @@ def matmul_peak(n: int = 1024, repeats: int = 8, dtype: str = "float32") -> floa
     for _ in range(repeats): a @ b
     return 2 * n ** 3 * repeats / (time.perf_counter() - t0)
 
-
+# %% ../nbs/09d_sft_bench.ipynb #26953d6e
 def train_flops(model, lengths) -> float:
-    "Training FLOPs over examples of `lengths` tokens: 6 per weight (input embeddings excluded) and token, plus attention to the prefix."
+    """Training FLOPs over examples of `lengths` tokens: 6 per weight (input embeddings excluded) and token, plus
+    attention to the prefix."""
     c = model.config
     weights = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    attention = sum(6 * 2 * c.num_hidden_layers * c.hidden_size * n * (n + 1) / 2 for n in lengths)  # QK^T and AV, forward and backward
+    # QK^T and AV, forward and backward
+    attention = sum(6 * 2 * c.num_hidden_layers * c.hidden_size * n * (n + 1) / 2 for n in lengths)
     return 6 * weights * sum(lengths) + attention
 
 # %% ../nbs/09d_sft_bench.ipynb #a00be2ea
-def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_step: int = 2, progress: bool = False) -> dict:
-    """Our batches (packed, padding-free, attention per example; in fp32 and under bf16 autocast) against the same packing
-    on transformers' SDPA and TRL's default padded batches, one epoch over the `input_ids`/`labels` rows `ds` each, from the
-    same initial model (`model_factory()` makes it): real-token share, tokens/s, MFU against the fp32 and the bf16 peak."""
+def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_step: int = 2,
+              progress: bool = False) -> dict:
+    """Our batches (packed, padding-free, attention per example; in fp32 and under bf16 autocast) against the same
+    packing on transformers' SDPA and TRL's default padded batches, one epoch over the `input_ids`/`labels` rows `ds`
+    each, from the same initial model (`model_factory()` makes it): real-token share, tokens/s, MFU against the fp32
+    and the bf16 peak."""
     import torch
     from trl import SFTConfig, SFTTrainer
     lengths = [len(x) for x in ds["input_ids"]]
@@ -51,48 +56,61 @@ def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_ste
     out = {"rows": len(ds), "tokens": sum(lengths), "torch_threads": torch.get_num_threads()}
     packed = dict(packing=True, packing_strategy="bfd", padding_free=True, per_device_train_batch_size=rows_per_step)
     ours = register_segment_attention()
-    for name, kw, attention, bf16 in (("ours", packed, ours, False), ("ours_bf16", packed, ours, True), ("packed_sdpa", packed, "sdpa", False),
+    for name, kw, attention, bf16 in (("ours", packed, ours, False), ("ours_bf16", packed, ours, True),
+                                      ("packed_sdpa", packed, "sdpa", False),
                                       ("padded", dict(per_device_train_batch_size=per_padded), "sdpa", False)):
         model = model_factory()
         model.set_attn_implementation(attention)
-        cfg = SFTConfig(output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / f"afm-bench-sft-{os.getpid()}"), max_length=max_length,
-                        num_train_epochs=1, learning_rate=1e-3, logging_steps=10 ** 6, save_strategy="no", report_to="none",
-                        gradient_checkpointing=False, bf16=bf16, disable_tqdm=not progress, use_cpu=not torch.cuda.is_available(), seed=0, **kw)
+        cfg = SFTConfig(output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / f"afm-bench-sft-{os.getpid()}"),
+                        max_length=max_length, num_train_epochs=1, learning_rate=1e-3, logging_steps=10 ** 6,
+                        save_strategy="no", report_to="none", gradient_checkpointing=False, bf16=bf16,
+                        disable_tqdm=not progress, use_cpu=not torch.cuda.is_available(), seed=0, **kw)
         trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tokenizer)
         real = total = trained = 0
         for b in trainer.get_train_dataloader():
             m = b.get("attention_mask")
             real += int(m.sum()) if m is not None else b["input_ids"].numel()
-            total += b["input_ids"].numel(); trained += int((b["labels"] != IGNORE_INDEX).sum())
-        t0 = time.perf_counter(); trainer.train(); seconds = time.perf_counter() - t0
-        out[name] = {"real_token_share": round(real / total, 4), "steps": trainer.state.global_step, "seconds": round(seconds, 2),
-                     "tokens_per_s": round(real / seconds), "trained_tokens_per_s": round(trained / seconds),
-                     **{f"mfu_vs_{p}" if p != "fp32" else "mfu": round(train_flops(model, lengths) / seconds / v, 4) for p, v in peaks.items()}}
-    return out | {"matmul_peak_gflops": round(peaks["fp32"] / 1e9, 1), "matmul_peak_bf16_gflops": round(peaks["bf16"] / 1e9, 1),
+            total += b["input_ids"].numel()
+            trained += int((b["labels"] != IGNORE_INDEX).sum())
+        t0 = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t0
+        out[name] = {"real_token_share": round(real / total, 4), "steps": trainer.state.global_step,
+                     "seconds": round(seconds, 2), "tokens_per_s": round(real / seconds),
+                     "trained_tokens_per_s": round(trained / seconds),
+                     **{f"mfu_vs_{p}" if p != "fp32"
+                        else "mfu": round(train_flops(model, lengths) / seconds / v, 4) for p, v in peaks.items()}}
+    return out | {"matmul_peak_gflops": round(peaks["fp32"] / 1e9, 1),
+                  "matmul_peak_bf16_gflops": round(peaks["bf16"] / 1e9, 1),
                   "tokens_per_s_ratio": round(out["ours"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 2),
                   "bf16_speedup": round(out["ours_bf16"]["tokens_per_s"] / out["ours"]["tokens_per_s"], 2)}
 
 # %% ../nbs/09d_sft_bench.ipynb #b67728c3
 def cli_bench(argv: list[str] | None = None) -> int:
-    "`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the same rows."
+    """`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the
+    same rows."""
     import argparse
     from afm.models import load, load_tokenizer
     p = argparse.ArgumentParser(prog="afm bench sft", description=cli_bench.__doc__)
-    p.add_argument("--profile", default="tiny", help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
+    p.add_argument("--profile", default="tiny",
+                   help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
     p.add_argument("--data", help="the SFT rows (default: <repo>/data/distill/<profile>)")
     p.add_argument("--model", default="tiny", help="a model folder or name (default: tiny)")
     p.add_argument("--rows", type=int, default=256, help="rows trained over, once each way (default 256)")
     p.add_argument("--max-length", type=int, default=2048, help="tokens per packed row (default 2048)")
-    p.add_argument("--plain-tags", action="store_true", help="the model's tokenizer keeps the CoA tags as plain text (a pretrained model)")
+    p.add_argument("--plain-tags", action="store_true",
+                   help="the model's tokenizer keeps the CoA tags as plain text (a pretrained model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
     if a.rows < 2: p.error(f"--rows must be at least 2, got {a.rows}")
     try:
         tok = load_tokenizer(a.model)  # the weights load for each way measured
-        ds = sft_dataset(a.data or data_dir("distill", a.profile), tok, max_length=a.max_length, plain_tags=a.plain_tags)
+        ds = sft_dataset(a.data or data_dir("distill", a.profile), tok, max_length=a.max_length,
+                         plain_tags=a.plain_tags)
         ds = ds.shuffle(seed=0).select(range(min(a.rows, len(ds))))
         res = bench_sft(ds, lambda: load(a.model)[0].train(), tok, a.max_length)
     except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"afm bench sft: {type(e).__name__}: {e}", file=sys.stderr); return 1
+        print(f"afm bench sft: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(res) if a.json else "\n".join(f"{k:>22}: {v}" for k, v in res.items()))
     return 0

@@ -53,7 +53,7 @@ def sft_rows(source) -> Iterator[tuple[str, dict]]:
         raise FileNotFoundError(f"{path}: no such SFT data (distil it first: afm distill --profile …)")
     yield from read_rows(path) if path.is_file() else _folder_rows(path)
 
-
+# %% ../nbs/09a_sft_data.ipynb #642772aa
 def _train_split(dd, where) -> Any:
     "The `train` split of a `DatasetDict`; an error naming `where` and the splits when it has none."
     if "train" not in dd: raise ValueError(f"{where}: no `train` split to train on (splits: {', '.join(dd) or 'none'})")
@@ -129,17 +129,18 @@ def row_trajectory(row: Any, where: str, tags: TagRegistry | None = None) -> Tra
     return parse(assistant, task_id=str(row.get("task_id", row.get("id", where))), question=user, meta=meta or None,
                  tags=tags or TAGS)
 
-
+# %% ../nbs/09a_sft_data.ipynb #d520d317
 def row_problems(traj: Trajectory, kind: str | None = None, tags: TagRegistry | None = None) -> list[str]:
-    """`afm.coa.grammar_problems` on a row's trajectory: in the grammar of its `kind`; without one (released rows), in the
-    grammar it fits best."""
-    return grammar_problems(traj, tags=tags) if kind else min((grammar_problems(traj, g, tags) for g in ("web", "code")), key=len)
+    """`afm.coa.grammar_problems` on a row's trajectory: in the grammar of its `kind`; without one (released rows), in
+    the grammar it fits best."""
+    return grammar_problems(traj, tags=tags) if kind else min((grammar_problems(traj, g, tags)
+                                                               for g in ("web", "code")), key=len)
 
 # %% ../nbs/09a_sft_data.ipynb #45b199cd
 def data_report(source, tags: TagRegistry | None = None, top: int = 3) -> dict:
     """`source`'s rows (anything `sft_rows` reads) counted before tokenising: `rows`, rows per layout, how many pass
-    `afm.coa.grammar_problems` (`row_problems`) and their share, and the `top` commonest first problems of the others (numbers
-    as N)."""
+    `afm.coa.grammar_problems` (`row_problems`) and their share, and the `top` commonest first problems of the others
+    (numbers as N)."""
     layouts, problems, n, passed = Counter(), Counter(), 0, 0
     for where, row in sft_rows(source):
         # a row of no layout raises here, naming it
@@ -151,7 +152,7 @@ def data_report(source, tags: TagRegistry | None = None, top: int = 3) -> dict:
     return {"rows": n, "layouts": dict(layouts), "pass_check": passed, "share": round(passed / n, 4) if n else 0.0,
             "problems": dict(problems.most_common(top))}
 
-
+# %% ../nbs/09a_sft_data.ipynb #3f36343f
 def report_line(report: dict, name: str) -> str:
     "`data_report`'s counts as one line about the data `name`."
     layouts = ", ".join(f"{k} {v}" for k, v in report["layouts"].items())
@@ -284,7 +285,7 @@ def segment_attention(module, query, key, value, attention_mask, scaling=None, d
              for a, b in zip(bounds, bounds[1:]) if b > a]
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
-
+# %% ../nbs/09a_sft_data.ipynb #e139dcd8
 def register_segment_attention() -> str:
     "Register `segment_attention` (and SDPA's mask builder for it) with transformers; returns its name."
     from transformers import AttentionInterface

@@ -39,17 +39,21 @@ class Task:
     question: str
     answers: list[str]            # acceptable gold answers (alternatives); for code, the canonical solution if known
     kind: str                     # one of TASK_KINDS
-    source: str                   # suite or benchmark: "humaneval", "math500", "aime24", "aime25", "fanoutqa", "world-depth", …
+    # suite or benchmark: "humaneval", "math500", "aime24", "aime25", "fanoutqa", "world-depth", …
+    source: str
     split: str = "test"           # one of SPLITS
     hops: int = 1
     difficulty: int = 1           # 1 (easy) … 5 (hard)
     gold_path: list[dict] = field(default_factory=list)   # the solution path (facts, documents, operations)
-    tests: dict | None = None     # code: {"style": "check", "code": <test source defining check(candidate)>, "entry_point": name}
+    # code: {"style": "check", "code": <test source defining check(candidate)>, "entry_point": name}
+    tests: dict | None = None
                                   #   or {"style": "stdio", "cases": [{"input": str, "output": str}, …]}
-                                  #   or {"style": "script", "code": <test source run after the solution>}; optional "prelude"
+                                  #   or {"style": "script", "code": <test source run after the solution>}; optional
+                                  #   "prelude"
     meta: dict = field(default_factory=dict)
 
-    def __post_init__(self): check_task_fields({f.name: getattr(self, f.name) for f in fields(self)}, f"task {self.id!r}")
+    def __post_init__(self):
+        check_task_fields({f.name: getattr(self, f.name) for f in fields(self)}, f"task {self.id!r}")
 
     def to_dict(self) -> dict[str, Any]:
         "A JSON-ready dict (a deep copy)."
@@ -60,7 +64,8 @@ class Task:
         "Build a task from a dict; a malformed row is a ValueError naming `where` (\"file:row\") and the field."
         if not isinstance(row, dict): raise ValueError(f"{where}: expected an object, got {type(row).__name__}")
         names = [f.name for f in fields(cls)]
-        if unknown := sorted(set(row) - set(names)): raise ValueError(f"{where}: unknown field(s) {unknown}; a task has {names}")
+        if unknown := sorted(set(row) - set(names)):
+            raise ValueError(f"{where}: unknown field(s) {unknown}; a task has {names}")
         if missing := [k for k in ("id", "question", "answers", "kind", "source") if k not in row]:
             raise ValueError(f"{where}: missing field(s) {missing}")
         full = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
@@ -68,7 +73,7 @@ class Task:
         check_task_fields(full, where)
         return cls(**full)
 
-
+# %% ../nbs/03_tasks.ipynb #f8f1e28f
 def _json_native(x: Any) -> bool:
     "True when `x` survives a JSON round trip unchanged (no tuples, no non-string keys, no NaN)."
     try: return json.loads(json.dumps(x, allow_nan=False)) == x
@@ -77,10 +82,10 @@ def _json_native(x: Any) -> bool:
 # %% ../nbs/03_tasks.ipynb #94c92f89
 def is_text(x: Any) -> bool: return isinstance(x, str) and bool(x.strip())
 
-
+# %% ../nbs/03_tasks.ipynb #29d46928
 def _is_int(x: Any, lo: int, hi: int) -> bool: return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
 
-
+# %% ../nbs/03_tasks.ipynb #acac6369
 def _tests_problem(tests: Any) -> str | None:
     "What is wrong with a `tests` value, or None when it is valid."
     if tests is None: return None
@@ -92,35 +97,40 @@ def _tests_problem(tests: Any) -> str | None:
     if tests["style"] == "stdio":
         cases = tests.get("cases")
         if not isinstance(cases, list) or not cases or not all(
-                isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str) for c in cases):
+                isinstance(c, dict) and isinstance(c.get("input"), str)
+                and isinstance(c.get("output"), str) for c in cases):
             return "needs 'cases': a non-empty list of {'input': str, 'output': str}"
     return None
 
-
+# %% ../nbs/03_tasks.ipynb #ea2d5745
 def check_task_fields(d: dict, where: str) -> None:
     "Raise ValueError naming `where` and the field when the fields in `d` do not make a valid task."
-    def bad(name: str, what: str): raise ValueError(f"{where}: field {name!r} {what}, got {reprlib.repr(d.get(name))[:80]}")
+    def bad(name: str, what: str):
+        raise ValueError(f"{where}: field {name!r} {what}, got {reprlib.repr(d.get(name))[:80]}")
     for name in ("id", "question", "source"):
         if not is_text(d.get(name)): bad(name, "must be a non-empty string")
     if d.get("kind") not in TASK_KINDS: bad("kind", f"must be one of {TASK_KINDS}")
     if d.get("split") not in SPLITS: bad("split", f"must be one of {SPLITS}")
     answers = d.get("answers")
-    if not isinstance(answers, list) or not all(is_text(a) for a in answers): bad("answers", "must be a list of non-empty strings")
-    if not answers and not (d["kind"] == "code" and d.get("tests")): bad("answers", "must hold at least one gold answer (code tasks: or tests)")
+    if not isinstance(answers, list) or not all(is_text(a) for a in answers):
+        bad("answers", "must be a list of non-empty strings")
+    if not answers and not (d["kind"] == "code" and d.get("tests")):
+        bad("answers", "must hold at least one gold answer (code tasks: or tests)")
     if not _is_int(d.get("hops"), 1, 10_000): bad("hops", "must be an integer >= 1")
     if not _is_int(d.get("difficulty"), 1, 5): bad("difficulty", "must be an integer from 1 to 5")
     gp = d.get("gold_path")
     if not isinstance(gp, list) or not all(isinstance(s, dict) for s in gp) or not _json_native(gp):
         bad("gold_path", "must be a JSON-native list of dicts")
     if problem := _tests_problem(d.get("tests")): bad("tests", problem)
-    if not isinstance(d.get("meta"), dict) or not _json_native(d["meta"]): bad("meta", "must be a JSON-native dict (string keys, lists not tuples)")
+    if not isinstance(d.get("meta"), dict) or not _json_native(d["meta"]):
+        bad("meta", "must be a JSON-native dict (string keys, lists not tuples)")
 
 # %% ../nbs/03_tasks.ipynb #6d7272ad
 def gold_answer(task: Task) -> str:
     "The answer text a perfect solver writes: every listed answer joined by ` | ` when all are needed, else the first."
     return " | ".join(task.answers) if task.meta.get("all_of") else task.answers[0]
 
-
+# %% ../nbs/03_tasks.ipynb #aa44a933
 def check_world(tasks: Iterable[Task], world: str) -> None:
     """A ValueError, in one line naming both worlds, when a task of a generated world (`meta["world"]`) is given the
     tools of another `world` (a toolbox's `Toolbox.world`); tasks of no world, and tools of no world (`""`), pass."""
@@ -141,10 +151,11 @@ def _task_features():
     "The Arrow schema of a task Dataset: native scalars and answers, JSON strings for the nested fields."
     from datasets import Features, List, Value
     return Features({"id": Value("string"), "question": Value("string"), "answers": List(Value("string")),
-                     "kind": Value("string"), "source": Value("string"), "split": Value("string"), "hops": Value("int64"),
-                     "difficulty": Value("int64"), **{c: Value("string") for c in _JSON_COLUMNS}})
+                     "kind": Value("string"), "source": Value("string"), "split": Value("string"),
+                     "hops": Value("int64"), "difficulty": Value("int64"),
+                     **{c: Value("string") for c in _JSON_COLUMNS}})
 
-
+# %% ../nbs/03_tasks.ipynb #60e07df0
 def tasks_to_dataset(tasks: Iterable[Task]):
     "A `datasets.Dataset` with one row per task (`gold_path`, `tests` and `meta` as JSON strings)."
     from datasets import Dataset
@@ -155,25 +166,27 @@ def tasks_to_dataset(tasks: Iterable[Task]):
             cols[f.name].append(json.dumps(v, ensure_ascii=False) if f.name in _JSON_COLUMNS else v)
     return Dataset.from_dict(cols, features=_task_features())
 
-
+# %% ../nbs/03_tasks.ipynb #8e657353
 def tasks_from_dataset(ds) -> list[Task]:
     "The tasks stored in a Dataset made by `tasks_to_dataset`."
     out = []
     for i, row in enumerate(ds):
         try: row = {k: json.loads(v) if k in _JSON_COLUMNS else v for k, v in row.items()}
-        except (TypeError, json.JSONDecodeError) as e: raise ValueError(f"dataset row {i}: a JSON column does not parse ({e})") from None
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"dataset row {i}: a JSON column does not parse ({e})") from None
         out.append(Task.from_dict(row, where=f"dataset row {i}"))
     return out
 
-
+# %% ../nbs/03_tasks.ipynb #cf106c3d
 def write_jsonl(tasks: Iterable[Task], path: Path | str) -> Path:
     "Write tasks as JSONL, one per line."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for t in tasks: f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
     return path
 
-
+# %% ../nbs/03_tasks.ipynb #2472652e
 def read_jsonl(path: Path | str) -> list[Task]:
     "Read tasks from JSONL; a malformed line is a ValueError naming file, line and field."
     return [Task.from_dict(row, where=where) for where, row in read_rows(path)]
@@ -185,12 +198,14 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 
 def register_benchmark(name: str, loader: Callable[..., list[Task]]) -> Callable[..., list[Task]]:
     "Make `load_benchmark(name, **kwargs)` call `loader(**kwargs)`; re-registering a name replaces it."
-    if not _NAME.match(name): raise ValueError(f"benchmark name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    if not _NAME.match(name):
+        raise ValueError(f"benchmark name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
     BENCHMARKS[name] = loader
     return loader
 
-
-_DISCOVERY = {"group": "afm.benchmarks", "lock": threading.RLock()}  # the group is dropped once its modules are imported
+# %% ../nbs/03_tasks.ipynb #4074493d
+# the group is dropped once its modules are imported
+_DISCOVERY = {"group": "afm.benchmarks", "lock": threading.RLock()}
 
 
 def benchmarks() -> dict[str, Callable[..., list[Task]]]:
@@ -203,10 +218,11 @@ def benchmarks() -> dict[str, Callable[..., list[Task]]]:
                 _DISCOVERY["group"] = None
     return BENCHMARKS
 
-
+# %% ../nbs/03_tasks.ipynb #2b58cef2
 def load_benchmark(name: str, split: str | None = None, common: dict[str, Any] | None = None, **kwargs) -> list[Task]:
-    """The tasks of a registered benchmark or suite, optionally only those of one split. `kwargs` pass through to the loader
-    (a wrong one is its TypeError); `common` options (a world's `scale`, `seed`, `sizes`) reach only loaders that take them."""
+    """The tasks of a registered benchmark or suite, optionally only those of one split. `kwargs` pass through to the
+    loader (a wrong one is its TypeError); `common` options (a world's `scale`, `seed`, `sizes`) reach only loaders
+    that take them."""
     if name not in BENCHMARKS: benchmarks()
     if name not in BENCHMARKS: raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
     if split is not None and split not in SPLITS: raise ValueError(f"split {split!r} is not one of {SPLITS}")
@@ -214,10 +230,11 @@ def load_benchmark(name: str, split: str | None = None, common: dict[str, Any] |
     tasks = loader(**{k: v for k, v in (common or {}).items() if _accepts(loader, k)}, **kwargs)
     if split is None: return tasks
     chosen = [t for t in tasks if t.split == split]
-    if tasks and not chosen: raise ValueError(f"benchmark {name!r} has no {split!r} tasks; its splits: {sorted({t.split for t in tasks})}")
+    if tasks and not chosen:
+        raise ValueError(f"benchmark {name!r} has no {split!r} tasks; its splits: {sorted({t.split for t in tasks})}")
     return chosen
 
-
+# %% ../nbs/03_tasks.ipynb #76a05cf2
 def _accepts(fn: Callable, name: str) -> bool:
     "Does `fn` take a keyword argument `name` (by name, or through `**kwargs`)?"
     import inspect
@@ -225,37 +242,43 @@ def _accepts(fn: Callable, name: str) -> bool:
     except (TypeError, ValueError): return False  # no signature to read: pass only what the caller named
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
-
+# %% ../nbs/03_tasks.ipynb #32f7e599
 def read_tasks(path: Path | str) -> list[Task]:
-    """Tasks from a file of rows in the task schema (JSONL, JSON, parquet) or a folder saved by `tasks_to_dataset(…).save_to_disk`;
-    a missing, empty or malformed source is a ValueError naming it (and the row and field)."""
+    """Tasks from a file of rows in the task schema (JSONL, JSON, parquet) or a folder saved by
+    `tasks_to_dataset(…).save_to_disk`; a missing, empty or malformed source is a ValueError naming it (and the row
+    and field)."""
     path = Path(path)
     if path.is_dir():
         if not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
-            raise ValueError(f"{path}: a folder, but not one `datasets` saved (no dataset_info.json); give a JSONL file of tasks or a saved dataset")
+            raise ValueError(f"{path}: a folder, but not one `datasets` saved (no dataset_info.json); give a JSONL "
+                             "file of tasks or a saved dataset")
         import datasets
         ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict): raise ValueError(f"{path}: a DatasetDict ({', '.join(ds)}); give one of its folders")
+        if isinstance(ds, datasets.DatasetDict):
+            raise ValueError(f"{path}: a DatasetDict ({', '.join(ds)}); give one of its folders")
         missing = [k for k in ("id", "question", "answers", "kind", "source") if k not in ds.column_names]
-        if missing: raise ValueError(f"{path}: not a task dataset: missing column(s) {missing}; it has {ds.column_names}")
+        if missing:
+            raise ValueError(f"{path}: not a task dataset: missing column(s) {missing}; it has {ds.column_names}")
         tasks = tasks_from_dataset(ds)
     elif path.is_file(): tasks = [Task.from_dict(row, where=where) for where, row in read_rows(path)]
     else: raise ValueError(f"{path}: no such tasks file or folder")
     if not tasks: raise ValueError(f"{path}: holds no tasks")
-    if dup := sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)[:3]: raise ValueError(f"{path}: task ids repeat: {dup}")
+    if dup := sorted(i for i, n in Counter(t.id for t in tasks).items() if n > 1)[:3]:
+        raise ValueError(f"{path}: task ids repeat: {dup}")
     return tasks
 
-
+# %% ../nbs/03_tasks.ipynb #1912b3a0
 def row_field(row: dict, where: str, *names: str) -> Any:
     "The first of `names` present (and not None) in `row`; a ValueError naming the field when none is."
     for n in names:
         if row.get(n) is not None: return row[n]
     raise ValueError(f"{where}: field {' or '.join(map(repr, names))} is missing")
 
+# %% ../nbs/03_tasks.ipynb #6c69d16c
+def question_id(source: str, question: str) -> str:
+    return f"{source}/{hashlib.sha1(question.encode()).hexdigest()[:12]}"
 
-def question_id(source: str, question: str) -> str: return f"{source}/{hashlib.sha1(question.encode()).hexdigest()[:12]}"
-
-
+# %% ../nbs/03_tasks.ipynb #536262d7
 def json_value(value: Any) -> Any:
     "A JSON string decoded (other values as they are)."
     return json.loads(value) if isinstance(value, str) else value

@@ -22,34 +22,43 @@ __all__ = ['TeacherConfig', 'gsm_program', 'OfflineTeacher']
 @dataclass
 class TeacherConfig:
     "The offline teacher's habits: how often it errs (and is caught, or not), cuts corners, and reflects after reading."
-    p_vague_query: float = field(default=0.15, metadata={"help": "search the surname alone; the results miss the page; reflect, re-plan, reformulate"})
-    p_misread: float = field(default=0.1, metadata={"help": "a wrong value; the double check scores it 2 and the teacher corrects it..."})
-    p_uncaught: float = field(default=0.25, metadata={"help": "...unless the double check misses it (score 3): a wrong final answer"})
-    p_premature: float = field(default=0.08, metadata={"help": "suggest an intermediate value; the double check scores it 1"})
-    p_repeat_query: float = field(default=0.02, metadata={"help": "search the same query twice (the tool answers 'already searched')"})
-    p_shortcut: float = field(default=0.15, metadata={"help": "answer a one-hop question from the search snippet, without reading or reflecting"})
+    p_vague_query: float = field(default=0.15, metadata={"help": "search the surname alone; the results miss the page; "
+                                                                 "reflect, re-plan, reformulate"})
+    p_misread: float = field(default=0.1, metadata={"help": "a wrong value; the double check scores it 2 and the "
+                                                            "teacher corrects it..."})
+    p_uncaught: float = field(default=0.25,
+                              metadata={"help": "...unless the double check misses it (score 3): a wrong final answer"})
+    p_premature: float = field(default=0.08,
+                               metadata={"help": "suggest an intermediate value; the double check scores it 1"})
+    p_repeat_query: float = field(default=0.02, metadata={"help": "search the same query twice (the tool "
+                                                                  "answers 'already searched')"})
+    p_shortcut: float = field(default=0.15, metadata={"help": "answer a one-hop question from the search snippet, "
+                                                              "without reading or reflecting"})
     p_reflect: float = field(default=0.6, metadata={"help": "reflect after a read (always after the last one)"})
-    recap: bool = field(default=False, metadata={"help": "each note restates every value found so far, not only the new ones"})
+    recap: bool = field(default=False,
+                        metadata={"help": "each note restates every value found so far, not only the new ones"})
     seed: int = field(default=0, metadata={"help": "seed of the teacher's choices", "cli": False})
 
-
+# %% ../nbs/04a_teacher.ipynb #65beed18
 @dataclass
 class _Skip:
     reason: str
 
-
+# %% ../nbs/04a_teacher.ipynb #cf4f997f
 _PHRASES = {
-    "plan_intro": ["I need {goal}. Plan the lookups first.", "Break the question down: {goal}.", "Start with a plan: {goal}."],
+    "plan_intro": ["I need {goal}. Plan the lookups first.", "Break the question down: {goal}.", "Start with a "
+                                                                                                 "plan: {goal}."],
     "search": ["Find the page of {name} to learn its {what}.", "Search for {name}; its page should give the {what}.",
                "Next, look up {name} for the {what}."],
-    "read": ["The results list the page of {name}; read it for the {what}.", "Open the page of {name} to confirm the {what}.",
-             "Read the page of {name}."],
+    "read": ["The results list the page of {name}; "
+             "read it for the {what}.", "Open the page of {name} to confirm the {what}.", "Read the page of {name}."],
     "reflect": ["Check how the search is going.", "Take stock before moving on.", "Review the evidence so far."],
     "compute": ["Compute it with the code tool rather than by hand.", "Let the code tool do the arithmetic.",
                 "Run the calculation in Python."],
     "suggest": ["All steps are done; propose the answer.", "The evidence is complete: suggest {answer}.",
                 "Put forward the answer."],
-    "verify": ["Verify the answer against what the pages said.", "Double-check before answering.", "Check the answer once more."],
+    "verify": ["Verify the answer against "
+               "what the pages said.", "Double-check before answering.", "Check the answer once more."],
     "final": ["The double check passed; answer.", "Verified. Give the final answer.", "The answer holds."],
 }
 _WHAT = {"born_in": "birthplace", "works_for": "employer", "studied_at": "university", "founded_by": "founder",
@@ -62,23 +71,28 @@ _MNUM = re.compile(r"\d[\d,]*(?:\.\d+)?%?\Z")
 
 def _plan(question: str, reads: list, computes: list) -> list[str]:
     """The lookups' plan as a planner can write it before reading anything: an entity the question does not name is the
-    value an earlier step finds, so the plan refers to that step, never to the entity's name (which only the gold path knows)."""
+    value an earlier step finds, so the plan refers to that step, never to the entity's name (which only the gold
+    path knows)."""
     todo, found = [], {}
     for k, (_, r) in enumerate(reads, 1):
         what = _WHAT.get(r["what"], r["what"])
-        subject = r["title"] if r["title"] in question else "the {1} found in step {0}".format(*found[r["title"]]) if r["title"] in found else "it"
+        subject = (r["title"] if r["title"] in question else "the {1} found in step {0}".format(*found[r["title"]])
+                   if r["title"] in found else "it")
         todo.append(f"Find the {what} of {subject}.")
         found.setdefault(r["value"], (k, what))
-    return todo + ["Compute the answer from the values found, with the code tool."] * bool(computes) + ["Verify the answer and reply."]
+    return (todo + ["Compute the answer from the values found, with the code tool."] * bool(computes)
+            + ["Verify the answer and reply."])
 
 # %% ../nbs/04a_teacher.ipynb #6a618cef
 def _arithmetic_before(text: str) -> str | None:
-    "The arithmetic expression that ends `text` (the left side of an '='), units and currency dropped; None if there is none."
+    """The arithmetic expression that ends `text` (the left side of an '='), units and currency dropped; None if
+    there is none."""
     toks, kept = _MTOK.findall(text), []
     for i in range(len(toks) - 1, -1, -1):
         t = toks[i]
         if _MNUM.match(t) or t in "+-*/×÷()" or t == "x": kept.append(t)
-        elif t in "£€$¥" or (t.isalpha() and i > 0 and (_MNUM.match(toks[i - 1]) or toks[i - 1] in "/€£$¥")): continue  # units
+        # units
+        elif t in "£€$¥" or (t.isalpha() and i > 0 and (_MNUM.match(toks[i - 1]) or toks[i - 1] in "/€£$¥")): continue
         else: break
     out: list[str] = []
     for t in reversed(kept):
@@ -91,9 +105,10 @@ def _arithmetic_before(text: str) -> str | None:
     expr = re.sub(r"/\s*(?=[*/+)-]|$)", "", " ".join(out))  # a per-unit '/' left alone: "10 €/ball"
     return expr if expr.count("(") == expr.count(")") and re.search(r"\d\s*[-+*/]\s*[\d(]", expr) else None
 
-
+# %% ../nbs/04a_teacher.ipynb #d77e9ad1
 def gsm_program(explanation: str) -> str | None:
-    "A program that recomputes each '… = …' step of a worked GSM-style solution and prints the last; None if it has none."
+    """A program that recomputes each '… = …' step of a worked GSM-style solution and prints the last; None if it has
+    none."""
     steps = [e for line in explanation.splitlines() for m in re.finditer("=", line)
              if (e := _arithmetic_before(line[: m.start()].split("=")[-1]))]
     if not steps: return None
@@ -119,7 +134,8 @@ class OfflineTeacher:
         if call.agent == "orchestrator":
             try: step = next(state[0])
             except StopIteration: step = _Skip("the policy ended without an answer")
-            if isinstance(step, _Skip): return Completion(step.reason, 0, 0, time.perf_counter() - t0, self.name, "skip")
+            if isinstance(step, _Skip):
+                return Completion(step.reason, 0, 0, time.perf_counter() - t0, self.name, "skip")
             thought, agent, state[1] = step
             text = f"NEXT: {agent}\n{thought}"
         else: text = state[1]
@@ -138,9 +154,11 @@ class OfflineTeacher:
     def _lookup(self, task: Task, memory: Memory, rng, say):
         "Search, read, compute and verify along the gold path of a world question."
         cfg, path = self.config, task.gold_path
-        reads = [(path[i], path[i + 1]) for i in range(len(path) - 1) if path[i]["op"] == "search" and path[i + 1]["op"] == "read"]
+        reads = [(path[i], path[i + 1]) for i in range(len(path) - 1) if path[i]["op"] == "search"
+                 and path[i + 1]["op"] == "read"]
         computes = [s for s in path if s["op"] == "compute"]
-        rereads = [s for i, s in enumerate(path) if s["op"] == "read" and (i == 0 or path[i - 1]["op"] != "search")]  # off a page read before
+        # off a page read before
+        rereads = [s for i, s in enumerate(path) if s["op"] == "read" and (i == 0 or path[i - 1]["op"] != "search")]
         answer = gold_answer(task)
         todo = _plan(task.question, reads, computes)
         yield (say("plan_intro", goal=f"{len(reads)} lookup{'s' * (len(reads) > 1)}"), "planner",
@@ -153,7 +171,8 @@ class OfflineTeacher:
         def learned(what: str, name: str, value: str) -> None:
             nonlocal note
             fact = f"The {what} of {name} is {value}."
-            note += fact + " "; found.append(fact)
+            note += fact + " "
+            found.append(fact)
 
         def noted(thought: str) -> str:
             nonlocal note
@@ -166,15 +185,19 @@ class OfflineTeacher:
                 if value in pages[url]:
                     learned(what, name, value)
                     continue
-                yield (noted(f"The page of {name} did not state the {what}; search for it."), "search", f"web_search: {name} {what}")
-                if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
+                yield (noted(f"The page of {name} did not state the {what}; search for it."),
+                       "search", f"web_search: {name} {what}")
+                if value not in memory.last_observation():
+                    yield _Skip(f"the {what} of {name} is in no observation")
+                    return
             else:
                 query = search["query"]
                 if len(name.split()) > 1 and rng.random() < cfg.p_vague_query: query = name.split()[-1]
                 yield (noted(say("search", name=name, what=what)), "search", f"web_search: {query}")
                 if rng.random() < cfg.p_repeat_query:
                     yield ("Search again to be sure.", "search", f"web_search: {query}")
-                if len(reads) == 1 and not computes and value in memory.last_observation() and rng.random() < cfg.p_shortcut:
+                if (len(reads) == 1 and not computes and value in memory.last_observation()
+                    and rng.random() < cfg.p_shortcut):
                     yield (f"The snippet already gives the {what}: {value}.", "verifier", f"suggested_answer: {answer}")
                     yield (say("verify"), "verifier", "double_check: the search result states it. Score: 3")
                     yield (say("final"), "answer", answer)
@@ -184,26 +207,33 @@ class OfflineTeacher:
                            f"tool_effectiveness: poor - the results do not include the page of {name}.\n"
                            f"trajectory_monitoring: average - step {k + 1} is not done yet.")
                     yield ("The query was too vague; plan again with the full name.", "planner",
-                           "\n".join(f"{i}. {t}" for i, t in enumerate([f"Search for the full name {name}."] + todo[k:], 1)))
+                           "\n".join(f"{i}. {t}"
+                                     for i, t in enumerate([f"Search for the full name {name}."] + todo[k:], 1)))
                     query = name if query != name else f"{name} {what}"
                     yield (f"Search for '{query}' instead.", "search", f"web_search: {query}")
-                    if url not in memory.last_observation(): yield _Skip(f"the page of {name} was not found"); return
+                    if url not in memory.last_observation():
+                        yield _Skip(f"the page of {name} was not found")
+                        return
                 yield (say("read", name=name, what=what), "search", f"crawl_page: {url}")
                 pages[url] = memory.last_observation()
                 if value not in pages[url]:
-                    yield (f"The summary does not state the {what}; search for it directly.", "search", f"web_search: {name} {what}")
-                    if value not in memory.last_observation(): yield _Skip(f"the {what} of {name} is in no observation"); return
+                    yield (f"The summary does not state the {what}; search for it directly.",
+                           "search", f"web_search: {name} {what}")
+                    if value not in memory.last_observation():
+                        yield _Skip(f"the {what} of {name} is in no observation")
+                        return
             learned(what, name, value)
             if k == premature_at:
                 yield (noted("That may already answer the question."), "verifier", f"suggested_answer: {value}")
-                yield (say("verify"), "verifier", f"double_check: {value} is the {what} of {name}, an intermediate result; "
-                       f"the question asks for more. Score: 1")
+                yield (say("verify"), "verifier", f"double_check: {value} is the {what} of {name}, an intermediate "
+                       f"result; the question asks for more. Score: 1")
                 yield ("Resume the plan.", "planner", "\n".join(f"{i}. {t}" for i, t in enumerate(todo[k + 1:], 1)))
             elif rng.random() < cfg.p_reflect or k == len(reads) - 1:
-                yield (noted(say("reflect")), "reflection", f"information_conflict: good - the page states the {what} clearly.\n"
-                       f"tool_effectiveness: good - the page was found and read.\n"
+                yield (noted(say("reflect")), "reflection", f"information_conflict: good - the page states the {what} "
+                       f"clearly.\ntool_effectiveness: good - the page was found and read.\n"
                        f"trajectory_monitoring: good - step {k + 1} of {len(todo)} is done.")
-        for r in rereads:  # e.g. the birth year of the one person the lookups single out: noted from the page already read
+        # e.g. the birth year of the one person the lookups single out: noted from the page already read
+        for r in rereads:
             if r["value"] in pages.get(r["url"], ""): learned(_WHAT.get(r["what"], r["what"]), r["title"], r["value"])
         for c in computes:
             wrong = _misread_expr(c["expr"], rng) if misread else None
@@ -211,15 +241,19 @@ class OfflineTeacher:
             if wrong:
                 got = _stdout_line(memory.last_observation())
                 yield (say("suggest", answer=got), "verifier", f"suggested_answer: {got}")
-                yield (say("verify"), "verifier", f"double_check: the computation used {wrong}, but the pages give {c['expr']}. Score: 2")
+                yield (say("verify"), "verifier", f"double_check: the computation used {wrong}, but the pages give "
+                                                  f"{c['expr']}. Score: 2")
                 yield ("One value was misread; recompute with the values from the pages.", "planner",
                        f"1. Recompute {c['expr']}.\n2. Verify the answer and reply.")
                 yield (say("compute"), "code", f"```python\nprint({c['expr']})\n```")
                 misread = False
-            if c["value"] not in memory.last_observation(): yield _Skip(f"{c['expr']} did not print {c['value']}"); return
+            if c["value"] not in memory.last_observation():
+                yield _Skip(f"{c['expr']} did not print {c['value']}")
+                return
         if misread and not computes:
             wrong = _other_name(memory.last_observation(), answer, rng)
-            if wrong and rng.random() < cfg.p_uncaught:  # the verifier misses it: a wrong answer the quality filter must drop
+            # the verifier misses it: a wrong answer the quality filter must drop
+            if wrong and rng.random() < cfg.p_uncaught:
                 yield (say("suggest", answer=wrong), "verifier", f"suggested_answer: {wrong}")
                 yield (say("verify"), "verifier", f"double_check: {wrong} appears on the page read last. Score: 3")
                 yield (say("final"), "answer", wrong)
@@ -227,24 +261,31 @@ class OfflineTeacher:
             if wrong:
                 yield (say("suggest", answer=wrong), "verifier", f"suggested_answer: {wrong}")
                 yield (say("verify"), "verifier", f"double_check: the page says {answer}, not {wrong}. Score: 2")
-                yield ("I misread the page; plan the correction.", "planner", f"1. Take {answer} from the page read last.\n2. Verify and answer.")
+                yield ("I misread the page; plan the correction.",
+                       "planner", f"1. Take {answer} from the page read last.\n2. Verify and answer.")
         yield (noted(say("suggest", answer=answer)), "verifier", f"suggested_answer: {answer}")
         yield (say("verify"), "verifier", f"double_check: {answer} follows from the pages read"
                + (f" and the computation {computes[-1]['expr']}" if computes else "") + ". Score: 4")
         yield (say("final"), "answer", answer)
 
     def _math(self, task: Task, memory: Memory, rng, say):
-        "Plan, compute the worked solution in the sandbox, reflect, re-check the intermediate steps, reflect, answer in \\boxed{}."
+        """Plan, compute the worked solution in the sandbox, reflect, re-check the intermediate steps, reflect,
+        answer in \\boxed{}."""
         answer = gold_answer(task)
         program = gsm_program(task.gold_path[0].get("explanation", ""))
-        if program is None: yield _Skip("the worked solution has no arithmetic to program"); return
-        yield ("", "planner", "1. Write the quantities and the operations between them.\n2. Compute them with the code tool.\n"
-               "3. Check every intermediate value.\n4. Give the result in \\boxed{}.")
+        if program is None:
+            yield _Skip("the worked solution has no arithmetic to program")
+            return
+        yield ("", "planner", "1. Write the quantities and the operations between them.\n2. Compute them with the code "
+               "tool.\n3. Check every intermediate value.\n4. Give the result in \\boxed{}.")
         yield (say("compute"), "code", f"```python\n{program}\n```")
         out = _stdout_line(memory.last_observation())
-        if not _same_number(out, answer): yield _Skip(f"the program printed {out!r}, not {answer}"); return
+        if not _same_number(out, answer):
+            yield _Skip(f"the program printed {out!r}, not {answer}")
+            return
         yield ("", "reflection", "information_conflict: good - every step uses the numbers of the question.\n"
-               f"tool_effectiveness: good - the program printed {out}.\ntrajectory_monitoring: average - the intermediate values are unchecked.")
+               f"tool_effectiveness: good - the program printed {out}.\ntrajectory_monitoring: average - the "
+               "intermediate values are unchecked.")
         steps = [l.split(" = ")[0] for l in program.splitlines() if l.startswith("step")]
         check = program.rsplit("\nresult", 1)[0] + "\n" + "\n".join(f"print({s!r}, {s})" for s in steps)
         yield ("Print every intermediate value to check it against the question.", "code", f"```python\n{check}\n```")
@@ -253,24 +294,34 @@ class OfflineTeacher:
         yield (f"The program gives {out}.", "answer", f"\\boxed{{{answer}}}")
 
     def _code(self, task: Task, memory: Memory, rng, say):
-        "Plan, write the function and run the question's example, reflect, try edge cases, reflect, answer with the function."
+        """Plan, write the function and run the question's example, reflect, try edge cases, reflect, answer with the
+        function."""
         solution = task.answers[0] if task.answers else ""
         example = re.search(r"For example, `(.+?)` returns `(.+?)`\.", task.question, re.S)
-        if not solution or not example: yield _Skip("no reference solution or example to test it on"); return
+        if not solution or not example:
+            yield _Skip("no reference solution or example to test it on")
+            return
         call, expected = example.groups()
         name = call.split("(")[0]
-        yield ("", "planner", f"1. Write {name}.\n2. Run it on the example {call}.\n3. Try edge cases.\n4. Return the function.")
-        yield ("Write it and test it on the example.", "code", f"```python\n{solution.rstrip()}\n\nprint(repr({call}))\n```")
-        if expected not in memory.last_observation(): yield _Skip("the reference solution failed its own example"); return
-        yield ("", "reflection", f"information_conflict: good\ntool_effectiveness: good - the example prints {expected}.\n"
-               "trajectory_monitoring: average - edge cases are untested.")
+        yield ("", "planner", f"1. Write {name}.\n2. Run it on the example {call}.\n3. Try edge cases.\n4. "
+                              "Return the function.")
+        yield ("Write it and test it on the example.", "code",
+               f"```python\n{solution.rstrip()}\n\nprint(repr({call}))\n```")
+        if expected not in memory.last_observation():
+            yield _Skip("the reference solution failed its own example")
+            return
+        yield ("", "reflection", "information_conflict: good\ntool_effectiveness: good - the example "
+                                 f"prints {expected}.\n" "trajectory_monitoring: average - edge cases are untested.")
         edges = _edge_calls(task.question, name)
         yield ("Check the edge cases too.", "code", f"```python\n{solution.rstrip()}\n\n" + "\n".join(
             f"print({c!r}, repr({c}))" for c in edges) + "\n```")
-        if "[EXECUTED]" not in memory.last_observation(): yield _Skip("the reference solution failed on an edge case"); return
-        yield ("", "reflection", "information_conflict: good\ntool_effectiveness: good - the edge cases run without errors.\n"
-               "trajectory_monitoring: good - the function is written and tested.")
-        yield ("The example and the edge cases pass; return the function.", "answer", f"```python\n{solution.rstrip()}\n```")
+        if "[EXECUTED]" not in memory.last_observation():
+            yield _Skip("the reference solution failed on an edge case")
+            return
+        yield ("", "reflection", "information_conflict: good\ntool_effectiveness: good - the edge cases run without "
+               "errors.\ntrajectory_monitoring: good - the function is written and tested.")
+        yield ("The example and the edge cases pass; return the function.", "answer",
+               f"```python\n{solution.rstrip()}\n```")
 
 # %% ../nbs/04a_teacher.ipynb #16f87ccb
 def _edge_calls(question: str, name: str) -> list[str]:
@@ -282,29 +333,31 @@ def _edge_calls(question: str, name: str) -> list[str]:
     if any("list" in k for k in kinds) and name == "fold_all": options = [["[7]", "[12, 18]", "[1, 1]"]]
     return [f"{name}({', '.join(o[i] for o in options)})" for i in range(3)]
 
-
+# %% ../nbs/04a_teacher.ipynb #4bd3796f
 def _stdout_line(observation: str) -> str:
     "The first line a program printed, from a code observation."
     return observation.split("[STDOUT:BEGIN]\n")[-1].split("\n")[0].strip()
 
-
+# %% ../nbs/04a_teacher.ipynb #5ab977e1
 def _misread_expr(expr: str, rng) -> str | None:
     "The expression with one number changed by a digit, as a careless reader would copy it."
     nums = list(re.finditer(r"\d{2,}", expr))
     if not nums: return None
     m = rng.choice(nums)
-    digits = list(m.group(0)); i = rng.randrange(len(digits))
+    digits = list(m.group(0))
+    i = rng.randrange(len(digits))
     digits[i] = str((int(digits[i]) + rng.randint(1, 8)) % 10) if i else str(int(digits[i]) % 9 + 1)
     return expr[: m.start()] + "".join(digits) + expr[m.end():]
 
-
+# %% ../nbs/04a_teacher.ipynb #099d6164
 def _other_name(text: str, answer: str, rng) -> str | None:
-    "Another value of the answer's sort in `text` (a number for a number, else a capitalised name): what a misreading picks."
+    """Another value of the answer's sort in `text` (a number for a number, else a capitalised name): what a
+    misreading picks."""
     pattern = r"\b\d+\b" if answer.isdigit() else r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*\b"
     found = sorted({n for n in re.findall(pattern, text) if n != answer and n not in answer and len(n) > 3})
     return rng.choice(found) if found else None
 
-
+# %% ../nbs/04a_teacher.ipynb #f27675d1
 def _same_number(a: str, b: str) -> bool:
     try: return abs(float(a.replace(",", "")) - float(b.replace(",", ""))) < 1e-6
     except ValueError: return a.strip() == b.strip()

@@ -32,11 +32,11 @@ __all__ = ['log', 'CACHE_MODES', 'CACHED_STATUSES', 'STATUSES', 'TOOL_TIMEOUT', 
 class ToolError(Exception):
     "A tool failed; the message is what the model reads."
 
-
+# %% ../nbs/02_tools.ipynb #c10adcc6
 class ToolTimeout(ToolError):
     "A tool ran out of time."
 
-
+# %% ../nbs/02_tools.ipynb #9a7fe3a1
 class BadInput(ToolError):
     "The model called a tool with input it cannot use (empty query, malformed URL, no code)."
 
@@ -49,7 +49,7 @@ class ReplayMiss(KeyError):
     "A replayed run asked for a tool call that was never recorded."
     def __str__(self): return self.args[0]
 
-
+# %% ../nbs/02_tools.ipynb #56502611
 class ToolCache:
     "An on-disk (sqlite) record of tool calls and their observations; thread-safe; checked for damage when opened."
 
@@ -60,13 +60,16 @@ class ToolCache:
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
             self._db.execute("PRAGMA journal_mode=WAL")
-            if (verdict := self._db.execute("PRAGMA quick_check").fetchone()[0]) != "ok": raise sqlite3.DatabaseError(verdict)
-            self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, tool TEXT, input TEXT, status TEXT, "
-                             "observation TEXT, created REAL)")
+            if (verdict := self._db.execute("PRAGMA quick_check").fetchone()[0]) != "ok":
+                raise sqlite3.DatabaseError(verdict)
+            self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, tool TEXT, input TEXT, status "
+                             "TEXT, observation TEXT, created REAL)")
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                raise ValueError(f"{self.path}: the tool cache is locked by another process for more than {busy_timeout_s:g} s") from None
-            raise ValueError(f"{self.path}: not a usable tool cache ({e}); delete it (a record is rebuilt as tools run) "
+                raise ValueError(f"{self.path}: the tool cache is locked by another process for more than "
+                                 f"{busy_timeout_s:g} s") from None
+            raise ValueError(f"{self.path}: not a usable tool cache ({e}); delete it (a record is "
+                             "rebuilt as tools run) "
                              "or give another path") from None
         self._lock = threading.Lock()
         self.hits = self.misses = self.busy = 0
@@ -81,10 +84,15 @@ class ToolCache:
         if self.mode == "off": return None
         try:
             with self._lock:
-                row = self._db.execute("SELECT status, observation FROM calls WHERE key=?", (self.key(tool, normalised_input),)).fetchone()
+                row = self._db.execute("SELECT status, observation FROM calls WHERE key=?",
+                                       (self.key(tool, normalised_input),)).fetchone()
         except sqlite3.OperationalError as e:  # busy (another process writes): a miss, never a failed tool call
-            log.warning("tool cache %s: %s; treating %s as a miss", self.path, e, tool); self.busy += 1; row = None
-        if row and row[0] in CACHED_STATUSES: self.hits += 1; return row[0], row[1]
+            log.warning("tool cache %s: %s; treating %s as a miss", self.path, e, tool)
+            self.busy += 1
+            row = None
+        if row and row[0] in CACHED_STATUSES:
+            self.hits += 1
+            return row[0], row[1]
         self.misses += 1
         if self.mode == "replay":
             raise ReplayMiss(f"replay: {tool}({normalised_input[:80]!r}) was never recorded in {self.path}")
@@ -96,9 +104,12 @@ class ToolCache:
         try:
             with self._lock:
                 self._db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?)",
-                                 (self.key(tool, normalised_input), tool, normalised_input, status, observation, time.time()))
-        except sqlite3.OperationalError as e:  # busy: this call goes unrecorded; the observation still reaches the model
-            log.warning("tool cache %s: %s; %s not recorded", self.path, e, tool); self.busy += 1
+                                 (self.key(tool, normalised_input), tool, normalised_input, status, observation,
+                                  time.time()))
+        # busy: this call goes unrecorded; the observation still reaches the model
+        except sqlite3.OperationalError as e:
+            log.warning("tool cache %s: %s; %s not recorded", self.path, e, tool)
+            self.busy += 1
 
     def __len__(self) -> int:
         with self._lock: return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
@@ -107,20 +118,25 @@ class ToolCache:
 
 # %% ../nbs/02_tools.ipynb #a71eb7c5
 STATUSES = ("ok", "tool_error", "timeout", "bad_input")
-TOOL_TIMEOUT = "(0, 86400]"  # the seconds a caller may give one tool call (`ToolSession.call`, the rollout's `tool_timeout_s`)
+# the seconds a caller may give one tool call (`ToolSession.call`, the rollout's `tool_timeout_s`)
+TOOL_TIMEOUT = "(0, 86400]"
 
 
 class ToolBroken(RuntimeError):
     "A tool fails too often to go on."
 
-
+# %% ../nbs/02_tools.ipynb #fff888a9
 class ToolHealth:
-    "Per-tool call counts by status, and a circuit breaker over the last `window` calls that recovers after a cool-down."
+    """Per-tool call counts by status, and a circuit breaker over the last `window` calls that recovers after a
+    cool-down."""
 
     def __init__(self, window: int = 50, max_failure_rate: float = 0.5, min_calls: int = 10, cooldown_s: float = 30.0):
-        self.window, self.max_failure_rate, self.min_calls, self.cooldown_s = window, max_failure_rate, min_calls, cooldown_s
-        check_fields(self, ints={"window": 1, "min_calls": 1}, numbers={"max_failure_rate": "(0, 1]", "cooldown_s": "[0, inf)"}, label="")
-        if min_calls > window: raise ValueError(f"min_calls ({min_calls}) must not exceed window ({window}): the breaker could never trip")
+        self.window, self.max_failure_rate, self.min_calls, self.cooldown_s = (window, max_failure_rate,
+                                                                               min_calls, cooldown_s)
+        check_fields(self, ints={"window": 1, "min_calls": 1},
+                     numbers={"max_failure_rate": "(0, 1]", "cooldown_s": "[0, inf)"}, label="")
+        if min_calls > window:
+            raise ValueError(f"min_calls ({min_calls}) must not exceed window ({window}): the breaker could never trip")
         self.counts: dict[str, Counter] = {}
         self._recent: dict[str, deque] = {}
         self._opened: dict[str, float] = {}  # tool -> when its breaker opened
@@ -137,7 +153,9 @@ class ToolHealth:
             if tool in self._probing:  # the trial call decides: closed again, or open for another cool-down
                 self._probing.discard(tool)
                 if failed: self._opened[tool] = time.monotonic()
-                else: self._opened.pop(tool, None); self._recent[tool].clear()
+                else:
+                    self._opened.pop(tool, None)
+                    self._recent[tool].clear()
 
     def failure_rate(self, tool: str) -> float:
         "The share of tool errors and timeouts among the tool's last `window` calls."
@@ -156,15 +174,18 @@ class ToolHealth:
                 self._probing.add(tool)
                 return
             recent, c = self._recent.get(tool, ()), self.counts.get(tool, Counter())
-            raise ToolBroken(f"tool {tool!r} failed {sum(recent)} of its last {len(recent)} calls (limit {self.max_failure_rate:.0%}; "
-                             f"totals: {dict(c)}); it is tried again {max(0.0, self.cooldown_s - (now - opened)):.0f} s after it broke, "
-                             f"or after `reset({tool!r})` once fixed")
+            raise ToolBroken(f"tool {tool!r} failed {sum(recent)} of its last {len(recent)} calls (limit "
+                             f"{self.max_failure_rate:.0%}; totals: {dict(c)}); it is tried again "
+                             f"{max(0.0, self.cooldown_s - (now - opened)):.0f} s after it broke, or after "
+                             f"`reset({tool!r})` once fixed")
 
     def reset(self, tool: str | None = None) -> None:
         "Close the breaker of `tool` (every tool when None) and forget its recent calls."
         with self._lock:
             for t in [tool] if tool else list(self._recent):
-                self._recent.pop(t, None); self._opened.pop(t, None); self._probing.discard(t)
+                self._recent.pop(t, None)
+                self._opened.pop(t, None)
+                self._probing.discard(t)
 
     def table(self) -> dict[str, dict[str, int]]:
         "Counts per tool and status."
@@ -180,8 +201,10 @@ class Tool:
     normalize: Callable[[str], str] = str.strip  # what makes two inputs the same call
     split: Callable[[str], list[str]] | None = None  # the separate inputs of one call (e.g. the URLs of a crawl)
     dedup: bool = False  # a repeated input gets `seen_reply` instead of a call
-    seen_reply: str = "You have already called {tool} with '{input}' in this task; use the earlier result or try something else."
-    input_timeouts: bool = False  # a timeout means the input (the model's program) ran too long, not that the tool broke
+    seen_reply: str = ("You have already called {tool} with '{input}' in this task; use the earlier result "
+                       "or try something else.")
+    # a timeout means the input (the model's program) ran too long, not that the tool broke
+    input_timeouts: bool = False
     sets_goal: bool = False  # the input states what the trajectory looks for (a search query)
     agent: str = "search"  # the teacher's tool agent that calls it
     task_kinds: tuple[str, ...] | None = None  # the task kinds it is offered for; None: all
@@ -195,7 +218,7 @@ class Tool:
         "Whether the tool is offered to tasks of `kind`."
         return self.task_kinds is None or kind in self.task_kinds
 
-
+# %% ../nbs/02_tools.ipynb #2d305ff0
 def normalize_query(text: str) -> str:
     "Search queries compare case- and space-insensitively."
     return " ".join(text.lower().split())
@@ -243,7 +266,8 @@ class ToolRegistry:
     def names(self) -> list[str]: return list(self._all())
 
     def for_kind(self, kind: str) -> list[Tool]:
-        "The tools offered to tasks of `kind`, by name: system prompts list them the same whatever order the plugins loaded in."
+        """The tools offered to tasks of `kind`, by name: system prompts list them the same whatever order the
+        plugins loaded in."""
         return sorted((t for t in self if t.offered_for(kind)), key=lambda t: t.name)
 
     def describe(self, tools: Iterable[Tool] | None = None) -> str:
@@ -276,10 +300,11 @@ class ToolResult:
     cached: bool = False
     duplicate: bool = False
 
-
+# %% ../nbs/02_tools.ipynb #c397c56a
 @dataclass
 class Toolbox:
-    "Everything the tools share across sessions: one config per tool implementation, the cache, health and the registry."
+    """Everything the tools share across sessions: one config per tool implementation, the cache, health and the
+    registry."""
     configs: Sequence[Any] = ()
     cache: ToolCache | None = None
     health: ToolHealth = field(default_factory=ToolHealth)
@@ -303,7 +328,7 @@ class Toolbox:
         "A fresh session for one trajectory."
         return ToolSession(self, question)
 
-
+# %% ../nbs/02_tools.ipynb #91f22c46
 @dataclass
 class ToolContext:
     "What a tool may know about the trajectory calling it."
@@ -320,7 +345,8 @@ def _preview(text: str, n: int = 80) -> str: return text.strip()[:n]
 
 # %% ../nbs/02_tools.ipynb #e2eea4f9
 class ToolSession:
-    "One trajectory's tool calls: input check, limits, duplicate check, cache, classification and health around every call."
+    """One trajectory's tool calls: input check, limits, duplicate check, cache, classification and health around
+    every call."""
 
     def __init__(self, box: Toolbox, question: str = ""):
         self.box, self.ctx = box, ToolContext(box, question)
@@ -334,19 +360,23 @@ class ToolSession:
         t0, reg = time.perf_counter(), self.box.registry
         if timeout_s is not None: check_range("timeout_s", timeout_s, TOOL_TIMEOUT)
         if name not in reg:
-            return self._done(ToolResult(str(name), str(text), f"[FAILED] Unknown tool <{name}>; available: {', '.join(reg.names())}.",
-                                         "bad_input"), t0, count=False)
+            return self._done(ToolResult(str(name), str(text), f"[FAILED] Unknown tool <{name}>; available: "
+                                                               f"{', '.join(reg.names())}.", "bad_input"), t0,
+                              count=False)
         t = reg[name]
         if not isinstance(text, str):
-            return self._done(ToolResult(name, repr(text), f"[FAILED] the input of <{name}> must be text, got {type(text).__name__}",
-                                         "bad_input"), t0, count=False)
+            return self._done(ToolResult(name, repr(text), f"[FAILED] the input of <{name}> must be text, got "
+                                                           f"{type(text).__name__}", "bad_input"), t0, count=False)
         if (limit := self._limit(t)) is not None:
-            return self._done(ToolResult(name, text, f"[FAILED] {limit}; answer with what you have.", "bad_input"), t0, count=False)
+            return self._done(ToolResult(name, text, f"[FAILED] {limit}; answer with what you have.", "bad_input"), t0,
+                              count=False)
         try: key = t.normalize(text)
         except Exception as e:  # a normaliser that cannot read the input: the model's malformed input
-            return self._done(ToolResult(name, text, f"[FAILED] cannot read the input of <{name}>: {e}", "bad_input"), t0)
+            return self._done(ToolResult(name, text, f"[FAILED] cannot read the input of <{name}>: {e}",
+                                         "bad_input"), t0)
         if t.dedup and (name, key) in self.seen:
-            return self._done(ToolResult(name, text, t.seen_reply.format(tool=name, input=_preview(text)), "ok", duplicate=True),
+            return self._done(ToolResult(name, text, t.seen_reply.format(tool=name, input=_preview(text)), "ok",
+                                         duplicate=True),
                               t0, count=False)
         self.calls[name] += 1
         if t.sets_goal and key: self.ctx.last_query = text.strip()
@@ -363,35 +393,43 @@ class ToolSession:
     def _limit(self, t: Tool) -> str | None:
         "Why one more call of `t` is refused (a call limit reached), or None."
         total = sum(self.calls.values())
-        if self.box.max_calls is not None and total >= self.box.max_calls: return f"the limit of {self.box.max_calls} tool calls is reached"
-        if t.max_calls is not None and self.calls[t.name] >= t.max_calls: return f"the limit of {t.max_calls} <{t.name}> calls is reached"
+        if self.box.max_calls is not None and total >= self.box.max_calls:
+            return f"the limit of {self.box.max_calls} tool calls is reached"
+        if t.max_calls is not None and self.calls[t.name] >= t.max_calls:
+            return f"the limit of {t.max_calls} <{t.name}> calls is reached"
         return None
 
     def _run(self, t: Tool, text: str) -> tuple[str, str]:
-        "The tool's observation and status: its failures classified, and anything but text it returns counted as its error."
+        """The tool's observation and status: its failures classified, and anything but text it returns counted as
+        its error."""
         try: out = t.fn(text, self.ctx)
         except BadInput as e: return f"[FAILED] {e}", "bad_input"
         except ToolTimeout as e: return f"[FAILED] {e}", "timeout"
         except ToolError as e: return f"[FAILED] {e}", "tool_error"
         except KeyboardInterrupt: raise  # the person running the job stops it; that is not the tool failing
-        except BaseException as e:  # a bug in a tool (even a SystemExit) must still reach the model as text and be counted
+        # a bug in a tool (even a SystemExit) must still reach the model as text and be counted
+        except BaseException as e:
             log.exception("tool %s crashed on %r", t.name, text[:200])
             return f"[FAILED] {t.name} crashed: {type(e).__name__}: {e}", "tool_error"
-        if not isinstance(out, str): return f"[FAILED] {t.name} returned {type(out).__name__} instead of text", "tool_error"
+        if not isinstance(out, str):
+            return f"[FAILED] {t.name} returned {type(out).__name__} instead of text", "tool_error"
         return out, "ok"
 
     def _run_within(self, t: Tool, text: str, timeout_s: float) -> tuple[str, str]:
-        "`_run` in a daemon thread of its own, given up after `timeout_s`: a hung tool keeps its thread, never the caller."
+        """`_run` in a daemon thread of its own, given up after `timeout_s`: a hung tool keeps its thread, never the
+        caller."""
         out: list[tuple[str, str]] = []
         worker = threading.Thread(target=lambda: out.append(self._run(t, text)), name=f"tool {t.name}", daemon=True)
-        worker.start(); worker.join(timeout_s)
+        worker.start()
+        worker.join(timeout_s)
         return out[0] if out else (f"[FAILED] {t.name} did not answer within {timeout_s:g} s", "timeout")
 
     def _done(self, r: ToolResult, t0: float, count: bool = True) -> ToolResult:
         r.seconds = time.perf_counter() - t0
         if count and r.tool in self.box.registry:
             t = self.box.registry[r.tool]
-            self.box.health.record(r.tool, r.status, r.status == "tool_error" or (r.status == "timeout" and not t.input_timeouts))
+            self.box.health.record(r.tool, r.status,
+                                   r.status == "tool_error" or (r.status == "timeout" and not t.input_timeouts))
         self.results.append(r)
         return r
 

@@ -18,7 +18,7 @@ def has_gpu() -> bool:
     import torch
     return torch.cuda.is_available()
 
-
+# %% ../nbs/09_training.ipynb #be6d3bf8
 def slow_bf16(key: str) -> bool:
     """Warn, and return True, when the setting `key` asks for bfloat16 on a machine without a GPU whose CPU has no
     native bfloat16 matrix products (AVX512-BF16 or AMX): oneDNN then emulates them, tens of times slower than
@@ -49,7 +49,7 @@ def is_quiet(progress: bool) -> bool:
     "No progress bars or log lines: asked for (`progress=False`), or `TQDM_DISABLE` set."
     return not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
 
-
+# %% ../nbs/09_training.ipynb #6c057522
 def weight_digest(model) -> str:
     "A hash of every parameter's bytes (the same weights on every rank give the same digest)."
     h = hashlib.sha256()

@@ -22,14 +22,16 @@ _ONSETS = "b br c d dr f g gr h k kl l m n p pr r s st t tr v vr z".split()
 _VOWELS = "a e i o u a e o ai ei ou".split()
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "nd", "m", "x", "rt"]
 _PLACE_ENDS = ["a", "ia", "mir", "ford", "holm", "dor", "vale", "wick", "oria", "burg", "esh", "ant"]
-_COMPANY_ENDS = ["Systems", "Industries", "Holdings", "Works", "Labs", "Group", "Dynamics", "Foundry", "Press", "Studios"]
-_OCCUPATIONS = ["engineer", "novelist", "chemist", "architect", "composer", "economist", "painter", "physician", "historian",
-                "mathematician", "film director", "botanist", "journalist", "astronomer", "poet"]
-_WORK_KINDS = {"novelist": "novel", "poet": "poetry collection", "composer": "opera", "film director": "film", "painter": "painting",
-               "historian": "history book", "journalist": "essay collection"}
-_WORK_WORDS = ["Harbour", "Lantern", "Orchard", "Winter", "Mirror", "River", "Tower", "Silence", "Garden", "Ember", "Atlas",
-               "Meridian", "Falcon", "Tide", "Compass", "Archive", "Bridge", "Comet", "Willow", "Cipher"]
-_WORK_ADJS = ["Silent", "Last", "Hidden", "Crimson", "Distant", "Quiet", "Broken", "Golden", "Northern", "Second", "Endless", "Pale"]
+_COMPANY_ENDS = ["Systems", "Industries", "Holdings", "Works", "Labs", "Group", "Dynamics", "Foundry",
+                 "Press", "Studios"]
+_OCCUPATIONS = ["engineer", "novelist", "chemist", "architect", "composer", "economist", "painter", "physician",
+                "historian", "mathematician", "film director", "botanist", "journalist", "astronomer", "poet"]
+_WORK_KINDS = {"novelist": "novel", "poet": "poetry collection", "composer": "opera", "film director": "film",
+               "painter": "painting", "historian": "history book", "journalist": "essay collection"}
+_WORK_WORDS = ["Harbour", "Lantern", "Orchard", "Winter", "Mirror", "River", "Tower", "Silence", "Garden", "Ember",
+               "Atlas", "Meridian", "Falcon", "Tide", "Compass", "Archive", "Bridge", "Comet", "Willow", "Cipher"]
+_WORK_ADJS = ["Silent", "Last", "Hidden", "Crimson", "Distant", "Quiet", "Broken", "Golden", "Northern", "Second",
+              "Endless", "Pale"]
 _EVENT_KINDS = ["Festival", "Summit", "Exhibition", "Expedition", "Treaty", "Games", "Congress"]
 _CONTINENTS = ["Europe", "Asia", "Africa", "South America", "North America", "Oceania"]
 WORLD_HOST = "https://world.afm.example/wiki/"
@@ -47,26 +49,30 @@ class Entity:
     @property
     def url(self) -> str: return WORLD_HOST + urllib.parse.quote(self.name.replace(" ", "_"))
 
-
+# %% ../nbs/03a_world.ipynb #bf79f43c
 class _Namer:
-    "Invents unique names from syllables; no name, and no invented word in it, is found in the `forbidden` (real) titles."
+    """Invents unique names from syllables; no name, and no invented word in it, is found in the `forbidden` (real)
+    titles."""
     def __init__(self, rng, forbidden: set[str]):
         self.rng, self.used = rng, {f.lower() for f in forbidden}
         self.real_words = {w.lower() for t in forbidden for w in t.split()} - {w.lower() for w in _TEMPLATE_WORDS}
 
     def word(self, syllables: int) -> str:
-        return "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + (self.rng.choice(_CODAS) if i == syllables - 1 else "")
+        return "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + (self.rng.choice(_CODAS)
+                                                                              if i == syllables - 1 else "")
                        for i in range(syllables)).capitalize()
 
     def unique(self, make) -> str:
         for _ in range(1000):
             name = make()
             if name.lower() not in self.used and not any(w.lower() in self.real_words for w in name.split()):
-                self.used.add(name.lower()); return name
+                self.used.add(name.lower())
+                return name
         raise RuntimeError("ran out of names: the world is too large for the syllable inventory")
 
 
-_TEMPLATE_WORDS = set(_COMPANY_ENDS + _WORK_WORDS + _WORK_ADJS + _EVENT_KINDS + ["University", "Institute", "College", "The", "of", "Technology"])
+_TEMPLATE_WORDS = set(_COMPANY_ENDS + _WORK_WORDS + _WORK_ADJS + _EVENT_KINDS
+                      + ["University", "Institute", "College", "The", "of", "Technology"])
 
 # %% ../nbs/03a_world.ipynb #dbefe197
 @dataclass
@@ -81,7 +87,7 @@ class WorldConfig:
     events: int = field(default=500, metadata={"help": "events (festivals, summits, games, ...) in the world"})
     seed: int = field(default=0, metadata={"help": "the world's seed"})
 
-
+# %% ../nbs/03a_world.ipynb #bfc20047
 @dataclass
 class World:
     "A generated world: entities by id, and the page of each."
@@ -118,12 +124,16 @@ def make_world(config: WorldConfig | None = None, forbidden: Iterable[str] = ())
     namer, ents = _Namer(rng, set(forbidden)), {}
     def add(kind, name, **attrs):
         e = Entity(f"{kind}-{sum(x.kind == kind for x in ents.values()):05d}", kind, name, attrs)
-        ents[e.id] = e; return e
-    countries = [add("country", namer.unique(lambda: namer.word(2) + rng.choice(["ia", "land", "ovia", "ara", "estan"])),
-                     continent=rng.choice(_CONTINENTS), founded=rng.randint(800, 1900)) for _ in range(c.countries)]
+        ents[e.id] = e
+        return e
+    countries = [
+        add("country", namer.unique(lambda: namer.word(2) + rng.choice(["ia", "land", "ovia", "ara", "estan"])),
+            continent=rng.choice(_CONTINENTS), founded=rng.randint(800, 1900)) for _ in range(c.countries)]
     cities = [add("city", namer.unique(lambda: namer.word(rng.choice([1, 2])) + rng.choice(_PLACE_ENDS)),
-                  founded=rng.randint(700, 1950), population=rng.randint(8, 3000) * 1000 + rng.randint(0, 999)) for _ in range(c.cities)]
-    for i, city in enumerate(cities): city.rels["located_in"] = countries[i % len(countries)].id if i < len(countries) else rng.choice(countries).id
+                  founded=rng.randint(700, 1950), population=rng.randint(8, 3000) * 1000 + rng.randint(0, 999))
+              for _ in range(c.cities)]
+    for i, city in enumerate(cities):
+        city.rels["located_in"] = countries[i % len(countries)].id if i < len(countries) else rng.choice(countries).id
     for i, country in enumerate(countries): country.rels["capital"] = cities[i].id  # city i lies in country i
     people = []
     for _ in range(c.people):
@@ -135,8 +145,8 @@ def make_world(config: WorldConfig | None = None, forbidden: Iterable[str] = ())
     unis = []
     for _ in range(c.universities):
         city = rng.choice(cities)
-        name = namer.unique(lambda: rng.choice([f"University of {namer.word(2)}", f"{namer.word(2)} Institute of Technology",
-                                                 f"{namer.word(2)} College"]))
+        name = namer.unique(lambda: rng.choice(
+            [f"University of {namer.word(2)}", f"{namer.word(2)} Institute of Technology", f"{namer.word(2)} College"]))
         u = add("university", name, founded=rng.randint(1100, 1950), students=rng.randint(2, 60) * 1000)
         u.rels["headquartered_in"] = city.id
         unis.append(u)
@@ -145,7 +155,8 @@ def make_world(config: WorldConfig | None = None, forbidden: Iterable[str] = ())
         founder = rng.choice(people)
         year = min(2024, founder.attrs["birth_year"] + rng.randint(22, 60))
         o = add("company", namer.unique(lambda: f"{namer.word(rng.choice([2, 3]))} {rng.choice(_COMPANY_ENDS)}"),
-                founded=year, employees=rng.choice([rng.randint(5, 99), rng.randint(100, 9999), rng.randint(10000, 250000)]))
+                founded=year,
+                employees=rng.choice([rng.randint(5, 99), rng.randint(100, 9999), rng.randint(10000, 250000)]))
         o.rels.update(founded_by=founder.id, headquartered_in=rng.choice(cities).id)
         companies.append(o)
     for p in people: p.rels.update(studied_at=rng.choice(unis).id, works_for=rng.choice(companies).id)
@@ -153,13 +164,14 @@ def make_world(config: WorldConfig | None = None, forbidden: Iterable[str] = ())
     for _ in range(c.works):
         p = rng.choice(creators)
         kind = _WORK_KINDS.get(p.attrs["occupation"], "book")
-        w = add("work", namer.unique(lambda: f"The {rng.choice(_WORK_ADJS)} {rng.choice(_WORK_WORDS)} of {namer.word(2)}"),
+        w = add("work",
+                namer.unique(lambda: f"The {rng.choice(_WORK_ADJS)} {rng.choice(_WORK_WORDS)} of {namer.word(2)}"),
                 year=min(2024, p.attrs["birth_year"] + rng.randint(18, 70)), work_kind=kind)
         w.rels.update(created_by=p.id, published_by=rng.choice(companies).id)
     for _ in range(c.events):
         city = rng.choice(cities)
-        ev = add("event", namer.unique(lambda: f"{namer.word(2)} {rng.choice(_EVENT_KINDS)}"), year=rng.randint(1850, 2024),
-                 visitors=rng.randint(1, 500) * 100)
+        ev = add("event", namer.unique(lambda: f"{namer.word(2)} {rng.choice(_EVENT_KINDS)}"),
+                 year=rng.randint(1850, 2024), visitors=rng.randint(1, 500) * 100)
         ev.rels.update(held_in=city.id, organised_by=rng.choice(companies + unis).id)
     return World(ents, c)
 
@@ -168,7 +180,9 @@ def _page(w: World, e: Entity, back: list[tuple[str, Entity]]) -> str:
     a, r = e.attrs, {k: w.entities[v].name for k, v in e.rels.items()}
     they = {"he": "He", "she": "She", "they": "They"}.get(a.get("pronoun"), "It")
     if e.kind == "country":
-        s = [f"{e.name} is a country in {a['continent']}.", f"{e.name} was founded in {a['founded']}.", f"The capital of {e.name} is {r['capital']}."]
+        s = [f"{e.name} is a country "
+             f"in {a['continent']}.", f"{e.name} was founded in {a['founded']}.", f"The capital of {e.name} is "
+                                                                                  f"{r['capital']}."]
     elif e.kind == "city":
         s = [f"{e.name} is a city in {r['located_in']}.", f"{e.name} was founded in {a['founded']}.",
              f"{e.name} has a population of {a['population']}."]
@@ -180,13 +194,16 @@ def _page(w: World, e: Entity, back: list[tuple[str, Entity]]) -> str:
         s = [f"{e.name} is a university in {r['headquartered_in']}.", f"{e.name} was founded in {a['founded']}.",
              f"{e.name} is headquartered in {r['headquartered_in']}.", f"{e.name} has {a['students']} students."]
     elif e.kind == "company":
-        s = [f"{e.name} is a company founded by {r['founded_by']} in {a['founded']}.", f"{e.name} was founded in {a['founded']}.",
+        s = [f"{e.name} is a company founded by "
+             f"{r['founded_by']} in {a['founded']}.", f"{e.name} was founded in {a['founded']}.",
              f"{e.name} is headquartered in {r['headquartered_in']}.", f"{e.name} has {a['employees']} employees."]
     elif e.kind == "work":
-        s = [f"{e.name} is a {a['work_kind']} by {r['created_by']}, released in {a['year']}.", f"{e.name} was created by {r['created_by']}.",
+        s = [f"{e.name} is a {a['work_kind']} by {r['created_by']}, "
+             f"released in {a['year']}.", f"{e.name} was created by {r['created_by']}.",
              f"{e.name} was published by {r['published_by']}.", f"{e.name} was released in {a['year']}."]
     else:
-        s = [f"The {e.name} is an event held in {r['held_in']} in {a['year']}.", f"The {e.name} was held in {r['held_in']}.",
+        s = [f"The {e.name} is an event held in "
+             f"{r['held_in']} in {a['year']}.", f"The {e.name} was held in {r['held_in']}.",
              f"The {e.name} was organised by {r['organised_by']}.", f"The {e.name} took place in {a['year']}.",
              f"The {e.name} drew {a['visitors']} visitors."]
     groups: dict[str, list[str]] = {}
@@ -209,7 +226,7 @@ def scaled_config(scale: float = 1.0, seed: int = 0) -> WorldConfig:
     base = asdict(WorldConfig())
     return WorldConfig(**{k: max(4, round(v * scale)) for k, v in base.items() if k != "seed"}, seed=seed)
 
-
+# %% ../nbs/03a_world.ipynb #8d355a1a
 @functools.lru_cache(maxsize=2)
 def default_world(scale: float = 1.0, seed: int = 0) -> World:
     "The world every stage shares for a profile; names avoid the Wikipedia titles of the search corpus."
@@ -217,7 +234,7 @@ def default_world(scale: float = 1.0, seed: int = 0) -> World:
     world = make_world(scaled_config(scale, seed), forbidden=[d.title for d in wiki_documents()])
     return replace(world, name=world_name(scale, seed))
 
-
+# %% ../nbs/03a_world.ipynb #6c268a2a
 def world_documents(scale: float = 1.0, seed: int = 0) -> list[Document]:
     "The pages of the default world, to add to the search index."
     return default_world(scale, seed).documents()
@@ -231,7 +248,8 @@ def world_name(scale: float = 1.0, seed: int = 0) -> str:
 @dataclass(frozen=True)
 class ToolSizes:
     """How much one tool call shows the model: a profile sets these with its `tools_*` keys, and the same sizes apply
-    wherever the tools run for that profile (distillation, rollouts, RL, evaluation), so a model is tested on what it saw."""
+    wherever the tools run for that profile (distillation, rollouts, RL, evaluation), so a model is tested on what it
+    saw."""
     web_k: int = field(default=10, metadata={"help": "results of a web search"})
     snippet_chars: int = field(default=240, metadata={"help": "snippet length of a web result"})
     wiki_k: int = field(default=3, metadata={"help": "documents of a wiki search"})
@@ -254,9 +272,10 @@ def tool_sizes(profile: str | dict = "tiny", where: str | None = None) -> ToolSi
     "The `ToolSizes` of a profile (its name in settings.ini, or its keys), type-checked."
     from afm.core import load_profile, profile_config
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    return profile_config(ToolSizes, prof, "tools_", where=where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini"))
+    return profile_config(ToolSizes, prof, "tools_",
+                          where=where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini"))
 
-
+# %% ../nbs/03a_world.ipynb #0c2d10ad
 def world_toolbox(sizes: ToolSizes | None = None, scale: float = 1.0, seed: int = 0, **kwargs):
     """A `Toolbox` over the pages of the default world of `scale` and `seed` and the Wikipedia summaries, whose results
     have `sizes` and which knows its world (`Toolbox.world`); `kwargs` go to `Toolbox`."""
@@ -264,11 +283,11 @@ def world_toolbox(sizes: ToolSizes | None = None, scale: float = 1.0, seed: int 
     from afm.search import SearchConfig, default_index
     from afm.tools import Toolbox
     z = sizes or ToolSizes()
-    search = SearchConfig(index=default_index(extra=world_documents(scale, seed)), web_k=z.web_k, snippet_chars=z.snippet_chars,
-                          wiki_k=z.wiki_k, wiki_chars=z.wiki_chars)
+    search = SearchConfig(index=default_index(extra=world_documents(scale, seed)), web_k=z.web_k,
+                          snippet_chars=z.snippet_chars, wiki_k=z.wiki_k, wiki_chars=z.wiki_chars)
     return Toolbox([search, CrawlConfig(summary_chars=z.summary_chars)], world=world_name(scale, seed), **kwargs)
 
-
+# %% ../nbs/03a_world.ipynb #b3701312
 def profile_world(profile: str | dict = "tiny", where: str | None = None) -> tuple[float, int]:
     """The world of a profile (its name in settings.ini, or its keys): its `world_scale` (default 1.0) and `seed`
     (default 0), checked. Its tasks are drawn from this world (`suite_tasks(..., *profile_world(p))`) and its tools
@@ -279,7 +298,7 @@ def profile_world(profile: str | dict = "tiny", where: str | None = None) -> tup
     scale = check_range(f"{where}: world_scale", prof.get("world_scale", 1.0), "(0, 100]")
     return float(scale), check_range(f"{where}: seed", prof.get("seed", 0), 0, whole=True)
 
-
+# %% ../nbs/03a_world.ipynb #0d92f98a
 def profile_toolbox(profile: str | dict = "tiny", where: str | None = None, **kwargs):
     """The toolbox of a profile: its tool sizes (`tool_sizes`) over the pages of its world (`profile_world`), the one
     every chapter and command that rolls out a profile's generated suites uses; `kwargs` go to `Toolbox`."""

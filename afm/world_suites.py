@@ -29,7 +29,7 @@ def task_id(source: str, split: str, question: str) -> str:
     "A stable id: the suite, the split and a hash of the question."
     return f"{source}/{split}/{hashlib.sha256(question.encode()).hexdigest()[:10]}"
 
-
+# %% ../nbs/03a_world_suites.ipynb #c0ce57d9
 def split_of(key: str, seed: int = 0, shares: dict[str, float] = SPLIT_SHARES) -> str:
     "The split an entity (or any key) belongs to: a seeded hash, stable across runs and machines."
     u = int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:12], 16) / 16 ** 12
@@ -64,19 +64,19 @@ ATTRIBUTES = {  # attribute: {subject kind: question}
 
 def _mention(e: Entity) -> str: return f"the {e.name}" if e.kind == "event" else e.name
 
-
+# %% ../nbs/03a_world_suites.ipynb #2cec15f6
 def _evidence(page: str, *needles: str) -> str:
     "The first sentence of `page` that contains every needle."
     return next((s for s in sentences(page) if all(n in s for n in needles)), "")
 
-
+# %% ../nbs/03a_world_suites.ipynb #3b3a035b
 def _read(w: World, pages: dict[str, str], e: Entity, what: str) -> tuple[dict, Any]:
     "The gold-path step that reads relation or attribute `what` off `e`'s page, and the value read."
     value = w.rel(e, what).name if what in RELATIONS else e.attrs[what]
     return {"op": "read", "url": e.url, "title": e.name, "what": what, "value": str(value),
             "evidence": _evidence(pages[e.id], e.name, str(value)) or _evidence(pages[e.id], str(value))}, value
 
-
+# %% ../nbs/03a_world_suites.ipynb #38d83ba6
 def _lookup(w: World, pages: dict[str, str], e: Entity, what: str) -> tuple[list[dict], Any]:
     "Search for `e`, then read `what` off its page."
     step, value = _read(w, pages, e, what)
@@ -86,9 +86,10 @@ def _lookup(w: World, pages: dict[str, str], e: Entity, what: str) -> tuple[list
 def _pool(w: World, split: str, kinds: Sequence[str], seed: int) -> list[Entity]:
     return [e for e in w.entities.values() if e.kind in kinds and split_of(e.id, seed) == split]
 
-
+# %% ../nbs/03a_world_suites.ipynb #6427f33c
 def _chain(w: World, rng, anchor: Entity, hops: int) -> list[str] | None:
-    "A random walk of `hops` steps from `anchor`: relations, ending in a relation or an attribute; None if it gets stuck."
+    """A random walk of `hops` steps from `anchor`: relations, ending in a relation or an attribute; None if it gets
+    stuck."""
     path, e, seen = [], anchor, {anchor.id}
     for i in range(hops):
         options = [r for r, (kinds, _) in RELATIONS.items() if e.kind in kinds and e.rels.get(r) not in seen]
@@ -96,10 +97,12 @@ def _chain(w: World, rng, anchor: Entity, hops: int) -> list[str] | None:
         if not options: return None
         step = rng.choice(options)
         path.append(step)
-        if step in RELATIONS: e = w.rel(e, step); seen.add(e.id)
+        if step in RELATIONS:
+            e = w.rel(e, step)
+            seen.add(e.id)
     return path
 
-
+# %% ../nbs/03a_world_suites.ipynb #b75e1917
 def depth_task(w: World, pages: dict[str, str], rng, anchor: Entity, hops: int, split: str) -> Task | None:
     "A question that follows `hops` relations from `anchor` (hops = 1 is an atomic lookup)."
     chain = _chain(w, rng, anchor, hops)
@@ -113,22 +116,25 @@ def depth_task(w: World, pages: dict[str, str], rng, anchor: Entity, hops: int, 
          else ATTRIBUTES[chain[-1]][e.kind].format(x=phrase))
     path.append({"op": "answer", "value": str(value)})
     suite = "world-atomic" if hops == 1 else "world-depth"
-    return Task(id=task_id(suite, split, q), question=q, answers=[str(value)], kind="qa", source=suite, split=split, hops=hops,
-                difficulty=min(5, hops), gold_path=path, meta={"anchors": [anchor.id], "chain": chain})
+    return Task(id=task_id(suite, split, q), question=q, answers=[str(value)], kind="qa", source=suite, split=split,
+                hops=hops, difficulty=min(5, hops), gold_path=path, meta={"anchors": [anchor.id], "chain": chain})
 
 # %% ../nbs/03a_world_suites.ipynb #6b0ba253
 def width_task(w: World, pages: dict[str, str], rng, split: str, seed: int) -> Task | None:
-    """Parallel lookups that are compared, filtered or listed. The answer is a value read off a page (the founding year of
-    the first-founded company, ...), never one of the names the question lists, so naming a candidate guesses nothing."""
+    """Parallel lookups that are compared, filtered or listed. The answer is a value read off a page (the founding year
+    of the first-founded company, ...), never one of the names the question lists, so naming a candidate guesses
+    nothing."""
     form = rng.choice(["first_founded", "first_born", "most_employees", "born_in_city", "list_born_in"])
     n = rng.choice([2, 3]) if form != "born_in_city" else 4
-    kinds = {"first_founded": ("company",), "first_born": ("person",), "most_employees": ("company",)}.get(form, ("person",))
+    kinds = {"first_founded": ("company",), "first_born": ("person",),
+             "most_employees": ("company",)}.get(form, ("person",))
     items = rng.sample(_pool(w, split, kinds, seed), n)
     path, values = [], []
     attr = {"first_founded": "founded", "first_born": "birth_year", "most_employees": "employees"}.get(form, "born_in")
     for e in items:
         steps, v = _lookup(w, pages, e, attr)
-        path += steps; values.append(v)
+        path += steps
+        values.append(v)
     names = [_mention(e) for e in items]
     listed, meta, op = ", ".join(names[:-1]) + " and " + names[-1], {}, "compare"
     if form in ("first_founded", "first_born", "most_employees"):
@@ -145,21 +151,26 @@ def width_task(w: World, pages: dict[str, str], rng, split: str, seed: int) -> T
         answer, op = str(born), "select"
         q = f"Exactly one of {listed} was born in {city}. In what year was that person born?"
     else:
-        answer, op, meta = " | ".join(values), "collect", {"all_of": True}  # every city is needed; the score is the fraction found
+        # every city is needed; the score is the fraction found
+        answer, op, meta = " | ".join(values), "collect", {"all_of": True}
         q = f"In which cities were {listed} born? Give the cities in the same order, separated by |."
     path.append({"op": op, "values": [str(v) for v in values], "value": answer})
     path.append({"op": "answer", "value": answer})
     answers = [str(v) for v in values] if meta else [answer]
-    return Task(id=task_id("world-width", split, q), question=q, answers=answers, kind="qa", source="world-width", split=split, hops=n,
-                difficulty=min(5, n + 1), gold_path=path, meta={"anchors": [e.id for e in items], "form": form, **meta})
+    return Task(id=task_id("world-width", split, q), question=q, answers=answers, kind="qa", source="world-width",
+                split=split, hops=n, difficulty=min(5, n + 1), gold_path=path,
+                meta={"anchors": [e.id for e in items], "form": form, **meta})
 
 # %% ../nbs/03a_world_suites.ipynb #5e03eb18
 def compute_task(w: World, pages: dict[str, str], rng, split: str, seed: int) -> Task | None:
     "Lookups whose values must be combined arithmetically: the code tool's job."
     form = rng.choice(["founding_gap", "total_population", "mean_employees", "employees_per_year", "age_gap"])
     if form == "founding_gap":
-        o = rng.choice(_pool(w, split, ("company",), seed)); p = w.rel(o, "founded_by")
-        s1, founded = _lookup(w, pages, o, "founded"); s2, _ = _lookup(w, pages, o, "founded_by"); s3, born = _lookup(w, pages, p, "birth_year")
+        o = rng.choice(_pool(w, split, ("company",), seed))
+        p = w.rel(o, "founded_by")
+        s1, founded = _lookup(w, pages, o, "founded")
+        s2, _ = _lookup(w, pages, o, "founded_by")
+        s3, born = _lookup(w, pages, p, "birth_year")
         path, expr, value, anchors = s1 + s2 + s3, f"{founded} - {born}", founded - born, [o.id]
         q = f"How many years after the birth of its founder was {o.name} founded?"
     elif form in ("total_population", "mean_employees"):
@@ -167,7 +178,9 @@ def compute_task(w: World, pages: dict[str, str], rng, split: str, seed: int) ->
         items = rng.sample(_pool(w, split, (kind,), seed), 3)
         path, vals = [], []
         for e in items:
-            st, v = _lookup(w, pages, e, attr); path += st; vals.append(v)
+            st, v = _lookup(w, pages, e, attr)
+            path += st
+            vals.append(v)
         names = f"{items[0].name}, {items[1].name} and {items[2].name}"
         if form == "total_population":
             expr, value, q = " + ".join(map(str, vals)), sum(vals), f"What is the combined population of {names}?"
@@ -177,23 +190,28 @@ def compute_task(w: World, pages: dict[str, str], rng, split: str, seed: int) ->
         anchors = [e.id for e in items]
     elif form == "employees_per_year":
         o = rng.choice(_pool(w, split, ("company",), seed))
-        s1, founded = _lookup(w, pages, o, "founded"); s2, emp = _lookup(w, pages, o, "employees")
+        s1, founded = _lookup(w, pages, o, "founded")
+        s2, emp = _lookup(w, pages, o, "employees")
         if founded >= 2025: return None
-        path, expr, value, anchors = s1 + s2, f"round({emp} / (2025 - {founded}), 2)", round(emp / (2025 - founded), 2), [o.id]
+        path, expr, value, anchors = (s1 + s2, f"round({emp} / (2025 - {founded}), 2)",
+                                      round(emp / (2025 - founded), 2), [o.id])
         q = f"As of 2025, how many employees per year of its existence does {o.name} have? Round to two decimals."
     else:
         a, b = rng.sample(_pool(w, split, ("person",), seed), 2)
-        s1, ya = _lookup(w, pages, a, "birth_year"); s2, yb = _lookup(w, pages, b, "birth_year")
+        s1, ya = _lookup(w, pages, a, "birth_year")
+        s2, yb = _lookup(w, pages, b, "birth_year")
         path, expr, value, anchors = s1 + s2, f"abs({ya} - {yb})", abs(ya - yb), [a.id, b.id]
         q = f"How many years apart were {a.name} and {b.name} born?"
     path += [{"op": "compute", "expr": expr, "value": str(value)}, {"op": "answer", "value": str(value)}]
     hops = sum(st["op"] == "read" for st in path)
-    return Task(id=task_id("world-compute", split, q), question=q, answers=[str(value)], kind="qa", source="world-compute", split=split, hops=hops,
-                difficulty=min(5, hops + 1), gold_path=path, meta={"anchors": anchors, "form": form, "needs_code": True})
+    return Task(id=task_id("world-compute", split, q), question=q, answers=[str(value)], kind="qa",
+                source="world-compute", split=split, hops=hops, difficulty=min(5, hops + 1), gold_path=path,
+                meta={"anchors": anchors, "form": form, "needs_code": True})
 
 # %% ../nbs/03a_world_suites.ipynb #8a46c16b
 def math_tasks(split: str, n: int, seed: int = 0, exclude: set[str] | None = None) -> list[Task]:
-    "`n` grade-school word problems from reasoning-gym's gsm_symbolic generator, none of whose questions are in `exclude`."
+    """`n` grade-school word problems from reasoning-gym's gsm_symbolic generator, none of whose questions are in
+    `exclude`."""
     import reasoning_gym
     exclude = set() if exclude is None else exclude
     base = 1_000_003 * (list(SPLIT_SHARES).index(split) + 1) + 7919 * seed
@@ -203,9 +221,11 @@ def math_tasks(split: str, n: int, seed: int = 0, exclude: set[str] | None = Non
         for row in reasoning_gym.create_dataset("gsm_symbolic", size=max(8, 2 * (n - len(out))), seed=base + batch):
             if row["question"] in exclude or len(out) >= n: continue
             exclude.add(row["question"])
-            out.append(Task(id=task_id("gsm-symbolic", split, row["question"]), question=row["question"], answers=[str(row["answer"])], kind="math", source="gsm-symbolic",
-                            split=split, hops=1, difficulty=2, gold_path=[{"op": "reason", "value": str(row["answer"]),
-                            "explanation": row["metadata"].get("answer_cot", "")}, {"op": "answer", "value": str(row["answer"])}],
+            out.append(Task(id=task_id("gsm-symbolic", split, row["question"]), question=row["question"],
+                            answers=[str(row["answer"])], kind="math", source="gsm-symbolic", split=split, hops=1,
+                            difficulty=2, gold_path=[{"op": "reason", "value": str(row["answer"]),
+                            "explanation": row["metadata"].get("answer_cot", "")},
+                                                     {"op": "answer", "value": str(row["answer"])}],
                             meta={"generator": "reasoning_gym.gsm_symbolic", "seed": base + batch}))
         batch += 1
     return out
@@ -221,60 +241,86 @@ class CodeTemplate:
     params: Callable
     inputs: Callable
 
-
+# %% ../nbs/03a_world_suites.ipynb #4ef987e9
 def _ints(rng, lo=-50, hi=50, n=(0, 12)): return [rng.randint(lo, hi) for _ in range(rng.randint(*n))]
-def _text(rng, alphabet="abcdeioxyz ,.AEZ", n=(0, 30)): return "".join(rng.choice(alphabet) for _ in range(rng.randint(*n)))
+
+# %% ../nbs/03a_world_suites.ipynb #c70fc924
+def _text(rng, alphabet="abcdeioxyz ,.AEZ", n=(0, 30)):
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(*n)))
 
 # %% ../nbs/03a_world_suites.ipynb #b7c58d38
 CODE_TEMPLATES = [
-    CodeTemplate("sum_multiples", "def sum_multiples(n: int) -> int:", "Return the sum of all positive integers below n that are divisible by {a} or {b}.",
+    CodeTemplate("sum_multiples", "def sum_multiples(n: int) -> int:", "Return the sum of all positive integers below "
+                                                                       "n that are divisible by {a} or {b}.",
                  "return sum(i for i in range(1, n) if i % {a} == 0 or i % {b} == 0)",
-                 lambda r: {"a": (a := r.randint(2, 7)), "b": r.choice([b for b in range(3, 12) if b != a])}, lambda r, p: (r.randint(0, 400),)),
-    CodeTemplate("count_chars", "def count_chars(s: str) -> int:", "Return how many characters of s are one of {chars!r}, ignoring case.",
+                 lambda r: {"a": (a := r.randint(2, 7)), "b": r.choice([b for b in range(3, 12) if b != a])},
+                 lambda r, p: (r.randint(0, 400),)),
+    CodeTemplate("count_chars", "def count_chars(s: str) -> int:", "Return how many characters of s are one of "
+                                                                   "{chars!r}, ignoring case.",
                  "return sum(ch in {chars!r} for ch in s.lower())",
-                 lambda r: {"chars": "".join(sorted(r.sample("abcdeioxyz", r.randint(2, 4))))}, lambda r, p: (_text(r),)),
-    CodeTemplate("running", "def running(xs: list[int]) -> list[int]:", "Return the running {op} of xs: element i is the {op} of xs[0..i].",
+                 lambda r: {"chars": "".join(sorted(r.sample("abcdeioxyz", r.randint(2, 4))))},
+                 lambda r, p: (_text(r),)),
+    CodeTemplate("running", "def running(xs: list[int]) -> list[int]:", "Return the running {op} of xs: element i is "
+                                                                        "the {op} of xs[0..i].",
                  "out = []\n    for x in xs:\n        out.append(x if not out else {op}(out[-1], x))\n    return out",
                  lambda r: {"op": r.choice(["max", "min"])}, lambda r, p: (_ints(r),)),
-    CodeTemplate("rotate", "def rotate(xs: list[int], k: int) -> list[int]:", "Rotate xs {way} by k positions (k may exceed len(xs)).",
+    CodeTemplate("rotate", "def rotate(xs: list[int], k: int) -> list[int]:", "Rotate xs {way} by k positions (k "
+                                                                              "may exceed len(xs)).",
                  "if not xs:\n        return []\n    k %= len(xs)\n    return {expr}",
-                 lambda r: r.choice([{"way": "left", "expr": "xs[k:] + xs[:k]"}, {"way": "right", "expr": "xs[-k:] + xs[:-k] if k else xs[:]"}]),
+                 lambda r: r.choice([{"way": "left", "expr": "xs[k:] + xs[:k]"},
+                                     {"way": "right", "expr": "xs[-k:] + xs[:-k] if k else xs[:]"}]),
                  lambda r, p: (_ints(r), r.randint(0, 20))),
     CodeTemplate("is_palindrome", "def is_palindrome(s: str) -> bool:",
                  "Return whether s reads the same backwards, ignoring case and every character that is not {what}.",
                  "t = [c.lower() for c in s if c.{test}()]\n    return t == t[::-1]",
-                 lambda r: r.choice([{"what": "a letter", "test": "isalpha"}, {"what": "a letter or a digit", "test": "isalnum"}]),
+                 lambda r: r.choice([{"what": "a letter", "test": "isalpha"},
+                                     {"what": "a letter or a digit", "test": "isalnum"}]),
                  lambda r, p: (r.choice([_text(r, "ab1 ,A"), "A man, a plan, a canal: Panama", "ab1ba", "No 1on"]),)),
-    CodeTemplate("kth_largest", "def kth_largest(xs: list[int]):", "Return the {k}-th largest distinct value in xs, or None if xs has fewer than {k} distinct values.",
+    CodeTemplate("kth_largest", "def kth_largest(xs: list[int]):", "Return the {k}-th largest distinct value in xs, or "
+                                                                   "None if xs has fewer than {k} distinct values.",
                  "vals = sorted(set(xs), reverse=True)\n    return vals[{k} - 1] if len(vals) >= {k} else None",
                  lambda r: {"k": r.randint(2, 4)}, lambda r, p: (_ints(r, -9, 9),)),
-    CodeTemplate("fib_mod", "def fib_mod(n: int) -> int:", "Return F(n) modulo {m}, where F(0) = 0, F(1) = 1 and F(n) = F(n-1) + F(n-2).",
+    CodeTemplate("fib_mod", "def fib_mod(n: int) -> int:", "Return F(n) modulo {m}, where F(0) = 0, F(1) = 1 and "
+                                                           "F(n) = F(n-1) + F(n-2).",
                  "a, b = 0, 1\n    for _ in range(n):\n        a, b = b, (a + b) % {m}\n    return a % {m}",
                  lambda r: {"m": r.choice([7, 10, 97, 1000, 1_000_000_007])}, lambda r, p: (r.randint(0, 300),)),
-    CodeTemplate("digit_power_sum", "def digit_power_sum(n: int) -> int:", "Return the sum of the decimal digits of the non-negative integer n, each raised to the power {p}.",
-                 "return sum(int(d) ** {p} for d in str(n))", lambda r: {"p": r.randint(2, 5)}, lambda r, p: (r.randint(0, 10 ** 6),)),
+    CodeTemplate("digit_power_sum", "def digit_power_sum(n: int) -> int:", "Return the sum of the decimal digits of "
+                                                                           "the non-negative integer n, each "
+                                                                           "raised to the power {p}.", "return "
+                                                                                                       "sum(int(d) ** "
+                                                                                                       "{p} for d in "
+                                                                                                       "str(n))",
+                 lambda r: {"p": r.randint(2, 5)}, lambda r, p: (r.randint(0, 10 ** 6),)),
     CodeTemplate("run_length", "def run_length(s: str) -> str:",
-                 "Run-length encode s: each maximal run of k copies of a character c becomes c followed by k, runs joined by {sep!r}.",
-                 "out, i = [], 0\n    while i < len(s):\n        j = i\n        while j < len(s) and s[j] == s[i]:\n            j += 1\n        out.append(f'{{s[i]}}{{j - i}}')\n        i = j\n    return {sep!r}.join(out)",
+                 "Run-length encode s: each maximal run of k copies of a character c becomes c followed by k, "
+                 "runs joined by {sep!r}.",
+                 "out, i = [], 0\n    while i < len(s):\n        j = i\n        while j < len(s) and s[j] == "
+                 "s[i]:\n            j += 1\n        out.append(f'{{s[i]}}{{j - i}}')\n        i = j\n    "
+                 "return {sep!r}.join(out)",
                  lambda r: {"sep": r.choice(["", ",", ";", "-"])}, lambda r, p: (_text(r, "aab", (0, 14)),)),
     CodeTemplate("chunk_sums", "def chunk_sums(xs: list[int]) -> list[int]:",
-                 "Split xs into consecutive chunks of {k} elements (the last chunk may be shorter) and return the sum of each chunk.",
-                 "return [sum(xs[i:i + {k}]) for i in range(0, len(xs), {k})]", lambda r: {"k": r.randint(2, 5)}, lambda r, p: (_ints(r),)),
+                 "Split xs into consecutive chunks of {k} elements (the last chunk may be shorter) and return "
+                 "the sum of each chunk.",
+                 "return [sum(xs[i:i + {k}]) for i in range(0, len(xs), {k})]", lambda r: {"k": r.randint(2, 5)},
+                 lambda r, p: (_ints(r),)),
     CodeTemplate("clamp_all", "def clamp_all(xs: list[int]) -> list[int]:",
                  "Return xs with every value below {lo} replaced by {lo} and every value above {hi} replaced by {hi}.",
-                 "return [min({hi}, max({lo}, x)) for x in xs]", lambda r: {"lo": (lo := r.randint(-20, 5)), "hi": lo + r.randint(1, 30)},
-                 lambda r, p: (_ints(r),)),
+                 "return [min({hi}, max({lo}, x)) for x in xs]",
+                 lambda r: {"lo": (lo := r.randint(-20, 5)), "hi": lo + r.randint(1, 30)}, lambda r, p: (_ints(r),)),
     CodeTemplate("count_long_words", "def count_long_words(s: str) -> int:",
                  "Return how many whitespace-separated words of s have more than {n} characters.",
                  "return sum(len(w) > {n} for w in s.split())", lambda r: {"n": r.randint(2, 6)},
                  lambda r, p: (" ".join(_text(r, "abcdefgh", (1, 9)) for _ in range(r.randint(0, 8))),)),
     CodeTemplate("caesar", "def caesar(s: str) -> str:",
-                 "Shift every lowercase letter of s forward by {k} places in the alphabet, wrapping from z to a; leave other characters unchanged.",
+                 "Shift every lowercase letter of s forward by {k} places in the alphabet, wrapping from z to a; leave "
+                 "other characters unchanged.",
                  "return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)",
                  lambda r: {"k": r.randint(1, 25)}, lambda r, p: (_text(r, "abcxyz ABZ!"),)),
-    CodeTemplate("fold_all", "def fold_all(xs: list[int]) -> int:", "Return the {what} of all numbers in xs, a non-empty list of positive integers.",
+    CodeTemplate("fold_all", "def fold_all(xs: list[int]) -> int:", "Return the {what} of all numbers in xs, a "
+                                                                    "non-empty list of positive integers.",
                  "import math\n    out = xs[0]\n    for x in xs[1:]:\n        out = math.{fn}(out, x)\n    return out",
-                 lambda r: r.choice([{"what": "greatest common divisor", "fn": "gcd"}, {"what": "least common multiple", "fn": "lcm"}]),
+                 lambda r: r.choice([{"what": "greatest common divisor", "fn": "gcd"},
+                                     {"what": "least common multiple", "fn": "lcm"}]),
                  lambda r, p: (_ints(r, 1, 30, (1, 6)),)),
 ]
 
@@ -296,12 +342,15 @@ def code_task(t: CodeTemplate, params: dict, split: str, seed: int, n_tests: int
     call = f"{t.name}({', '.join(map(repr, example_args))})"
     question = (f"Write a Python function `{t.signature[4:-1]}`. {t.doc.format(**params)}\n"
                 f"For example, `{call}` returns `{example_out!r}`.")
-    check = "def check(candidate):\n" + "".join(f"    assert candidate({', '.join(map(repr, a))}) == {o!r}\n" for a, o in cases)
-    return Task(id=task_id("code-gen", split, question), question=question, answers=[src], kind="code", source="code-gen", split=split, hops=1, difficulty=2,
+    check = "def check(candidate):\n" + "".join(f"    assert candidate({', '.join(map(repr, a))}) == {o!r}\n"
+                                                for a, o in cases)
+    return Task(id=task_id("code-gen", split, question), question=question, answers=[src], kind="code",
+                source="code-gen", split=split, hops=1, difficulty=2,
                 gold_path=[{"op": "write_code", "value": src}, {"op": "test", "value": f"{len(cases)} hidden tests"}],
-                tests={"style": "check", "code": check, "entry_point": t.name}, meta={"template": t.name, "params": params})
+                tests={"style": "check", "code": check, "entry_point": t.name},
+                meta={"template": t.name, "params": params})
 
-
+# %% ../nbs/03a_world_suites.ipynb #0ac24ae0
 def code_tasks(split: str, n: int, seed: int = 0, templates: Sequence[CodeTemplate] = CODE_TEMPLATES) -> list[Task]:
     "Up to `n` coding tasks whose (template, parameters) fall in `split`."
     import random
@@ -314,7 +363,8 @@ def code_tasks(split: str, n: int, seed: int = 0, templates: Sequence[CodeTempla
         if key in seen or split_of(key, seed) != split: continue
         seen.add(key)
         out.append(code_task(t, params, split, seed))
-    if len(out) < n: raise RuntimeError(f"only {len(out)} distinct code problems fall in split {split!r}, fewer than the {n} asked for")
+    if len(out) < n: raise RuntimeError(f"only {len(out)} distinct code problems fall in split {split!r}, fewer "
+                                        f"than the {n} asked for")
     return out
 
 # %% ../nbs/03a_world_suites.ipynb #1e23502a
@@ -331,18 +381,22 @@ def world_tasks(w: World, suite: str, split: str, n: int, seed: int = 0) -> list
     for _ in range(n * 50):
         if len(out) >= n: break
         if suite in ("world-atomic", "world-depth"):
-            t = depth_task(w, pages, rng, rng.choice(anchors), 1 if suite == "world-atomic" else rng.randint(2, 5), split)
+            t = depth_task(w, pages, rng, rng.choice(anchors),
+                           1 if suite == "world-atomic" else rng.randint(2, 5), split)
         elif suite == "world-width": t = width_task(w, pages, rng, split, seed)
         elif suite == "world-compute": t = compute_task(w, pages, rng, split, seed)
         else: raise ValueError(f"{suite!r} is not a world suite: {WORLD_SUITES}")
         if t is None or t.question in seen: continue
         if w.name: t.meta["world"] = w.name  # the world whose pages hold its answers
-        seen.add(t.question); out.append(t)
-    if len(out) < n: raise RuntimeError(f"the world is too small for {n} distinct {suite} tasks in split {split!r}; enlarge WorldConfig")
+        seen.add(t.question)
+        out.append(t)
+    if len(out) < n: raise RuntimeError(f"the world is too small for {n} distinct {suite} tasks in split "
+                                        f"{split!r}; enlarge WorldConfig")
     return out
 
-
-def make_suites(w: World, sizes: dict[str, int], seed: int = 0, suites: Sequence[str] = GENERATED_SUITES) -> dict[str, list[Task]]:
+# %% ../nbs/03a_world_suites.ipynb #ef06aa50
+def make_suites(w: World, sizes: dict[str, int], seed: int = 0,
+                suites: Sequence[str] = GENERATED_SUITES) -> dict[str, list[Task]]:
     "Every generated suite: `sizes` maps a split to the number of tasks per suite in it."
     out, seen_math = {}, set()
     for suite in (bar := progress_bar(suites, desc="suites", leave=False)):
@@ -368,14 +422,17 @@ def verify_gold_path(task: Task, index, k: int = 10) -> tuple[list[str], list[in
         elif op == "read":
             doc = index.get(step["url"])
             if doc is None: problems.append(f"step {i}: page {step['url']} is not in the index")
-            elif step["value"] not in doc.text: problems.append(f"step {i}: page {step['url']} does not state {step['value']!r}")
-            elif step.get("evidence") and step["evidence"] not in doc.text: problems.append(f"step {i}: evidence not on the page")
+            elif step["value"] not in doc.text:
+                problems.append(f"step {i}: page {step['url']} does not state {step['value']!r}")
+            elif step.get("evidence") and step["evidence"] not in doc.text:
+                problems.append(f"step {i}: evidence not on the page")
         elif op == "compute":
             got = eval(step["expr"], {"__builtins__": {}, "round": round, "abs": abs})
             if str(got) != step["value"]: problems.append(f"step {i}: {step['expr']} = {got}, not {step['value']}")
         elif op == "answer" and step["value"] != gold_answer(task) and step["value"] not in task.answers:
             problems.append(f"step {i}: the path ends in {step['value']!r}, not a gold answer {task.answers}")
-    if not task.gold_path or task.gold_path[-1].get("op") != "answer": problems.append("the gold path does not end in an answer")
+    if not task.gold_path or task.gold_path[-1].get("op") != "answer":
+        problems.append("the gold path does not end in an answer")
     return problems, ranks
 
 # %% ../nbs/03a_world_suites.ipynb #d1b7ee03
@@ -386,7 +443,7 @@ DEFAULT_SIZES = {"sft": 200, "rl": 500, "val": 50, "test": 100}
 def _default_suite(suite: str, scale: float, seed: int, sizes: tuple[tuple[str, int], ...]) -> list[dict]:
     return [t.to_dict() for t in make_suites(default_world(scale, seed), dict(sizes), seed, suites=[suite])[suite]]
 
-
+# %% ../nbs/03a_world_suites.ipynb #6fc1817d
 def load_generated(suite: str, scale: float = 1.0, seed: int = 0, sizes: dict[str, int] | None = None) -> list[Task]:
     "A generated suite of the default world (fresh `Task` objects; the generation itself is cached)."
     sizes = sizes or DEFAULT_SIZES

@@ -68,7 +68,9 @@ def adapt(nb, executed: bool, stem: str):
     for cell in nb.cells:
         if cell.cell_type == "code":
             flags = directives(cell.source)
-            if any(f.split()[0] in ("hide", "default_exp") for f in flags if f) or (executed and "parameters" in cell.metadata.get("tags", [])):  # papermill's injected values follow
+            # papermill's injected values follow
+            if (any(f.split()[0] in ("hide", "default_exp") for f in flags if f)
+                or (executed and "parameters" in cell.metadata.get("tags", []))):
                 continue
             cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("#|")).strip("\n")
             if not cell.source and not cell.get("outputs"):
@@ -80,8 +82,9 @@ def adapt(nb, executed: bool, stem: str):
     if not executed and stem != "index" and cells and cells[0].cell_type == "markdown":  # the home page is not run
         cells.insert(1, nbformat.v4.new_markdown_cell(NO_OUTPUTS.format(stem=stem)))
     if module:
+        # autodoc writes reST
         cells.append(nbformat.v4.new_markdown_cell(
-            f"## API reference: `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```"))  # autodoc writes reST
+            f"## API reference: `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```"))
     nb.cells = cells
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                    "language_info": {"name": "python"}}
@@ -96,7 +99,8 @@ def write_chapters(src: Path, reports: Path) -> list[str]:
         origin, executed = chapter_source(stem, reports)
         nb = adapt(nbformat.read(origin, as_version=4), executed, stem)
         if stem == "index":
-            nb.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: 1\n\nresults\nchapters\n```"))
+            nb.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: "
+                                                          "1\n\nresults\nchapters\n```"))
             nbformat.write(nb, src / "index.ipynb")
         else:
             (src / "chapters").mkdir(exist_ok=True)
@@ -135,15 +139,18 @@ def write_results(src: Path, reports: Path) -> int:
     if rest:
         sections.append("## Other figures\n\nThe other profiles' and studies' figures.\n\n"
                         + "\n".join(figure_md(f, reports, src) for f in rest))
-    if (reports / BROWSE).is_file():  # `afm browse` wrote a page: the site carries it as it is (one self-contained file)
-        sections.append("## Browse trajectories\n\n<p><a href=\"browse/index.html\">Browse trajectories</a>: the teacher's runs, "
-                        "the distilled rows and the models' rollouts side by side (written by <code>afm browse</code>).</p>\n")
+    # `afm browse` wrote a page: the site carries it as it is (one self-contained file)
+    if (reports / BROWSE).is_file():
+        sections.append("## Browse trajectories\n\n<p><a href=\"browse/index.html\">Browse trajectories</a>: the "
+                        "teacher's runs, the distilled rows and the models' rollouts side by side (written by "
+                        "<code>afm browse</code>).</p>\n")
     (src / "results.md").write_text("".join(sections))
     return len(figures)
 
 
 def copy_browse(reports: Path, html: Path) -> bool:
-    "Copy the page `afm browse` wrote (`reports/browse/index.html`) into the site, beside the results page it is linked from."
+    """Copy the page `afm browse` wrote (`reports/browse/index.html`) into the site, beside the results page it is
+    linked from."""
     if not (reports / BROWSE).is_file():
         return False
     (html / "browse").mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,8 @@ def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Pa
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "_docs", help="folder for the sources (src/) and the site (html/)")
+    ap.add_argument("--out", type=Path, default=REPO / "_docs",
+                    help="folder for the sources (src/) and the site (html/)")
     ap.add_argument("--reports", type=Path, default=REPO / "reports", help="the reports folder to show")
     ap.add_argument("-v", "--verbose", action="store_true", help="show Sphinx's progress and warnings")
     args = ap.parse_args()

@@ -2,7 +2,8 @@
 
 project = "afm"
 author = "afm developers"
-extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx-mathjax-offline"]  # its module name has hyphens: MathJax served from the site, not a CDN
+# its module name has hyphens: MathJax served from the site, not a CDN
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx-mathjax-offline"]
 exclude_patterns = []
 html_theme = "furo"
 html_title = "afm"

@@ -1,5 +1,5 @@
-"""What every test shares: the repository, the `afm` command, the environment of the processes tests start (one thread, no
-progress bars), and the tiny models (built or fitted in seconds, the fitted one cached by `afm.fit`)."""
+"""What every test shares: the repository, the `afm` command, the environment of the processes tests start (one thread,
+no progress bars), and the tiny models (built or fitted in seconds, the fitted one cached by `afm.fit`)."""
 import os
 import sys
 from pathlib import Path
@@ -22,6 +22,7 @@ def tool_caller_folder() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_chat_folder(tmp_path_factory) -> Path:
-    "An untrained tiny chat model (`afm.models.tiny_chat_model`) saved in a folder of the session's own; tests only read it."
+    """An untrained tiny chat model (`afm.models.tiny_chat_model`) saved in a folder of the session's own; tests only
+    read it."""
     from afm.models import save_model, tiny_chat_model
     return save_model(*tiny_chat_model(), tmp_path_factory.mktemp("tiny") / "model")

@@ -1,7 +1,7 @@
 """The nbdev contract: `afm/` is exactly what `nbdev-export` makes of `nbs/`, and every notebook is clean.
 
-Works on a copy of the repository, so it never touches the working tree. Run as a script (exit 1 and the differing files on
-failure) or call `problems(repo)` from a test.
+Works on a copy of the repository, so it never touches the working tree. Run as a script (exit 1 and the differing files
+on failure) or call `problems(repo)` from a test.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _diff(a: Path, b: Path, pattern: str) -> list[str]:
     "Relative paths of files matching `pattern` that differ between trees `a` and `b` or exist in only one."
     fa = {p.relative_to(a) for p in a.rglob(pattern) if "__pycache__" not in p.parts}
     fb = {p.relative_to(b) for p in b.rglob(pattern) if "__pycache__" not in p.parts}
-    return sorted(str(p) for p in fa ^ fb) + sorted(str(p) for p in fa & fb if not filecmp.cmp(a / p, b / p, shallow=False))
+    return sorted(str(p) for p in fa ^ fb) + sorted(str(p) for p in fa & fb
+                                                    if not filecmp.cmp(a / p, b / p, shallow=False))
 
 
 def problems(repo: Path = REPO) -> list[str]:
@@ -39,8 +40,10 @@ def problems(repo: Path = REPO) -> list[str]:
         for cmd in ("nbdev-export", "nbdev-clean"):
             r = subprocess.run([_bin(cmd)], cwd=work, capture_output=True, text=True)
             if r.returncode: return [f"{cmd} failed: {r.stderr.strip()[-2000:]}"]
-        out = [f"afm/{p}: differs from a fresh nbdev-export (run nbdev-export and commit)" for p in _diff(repo / "afm", work / "afm", "*.py")]
-        out += [f"nbs/{p}: not clean (run nbdev-clean and commit)" for p in _diff(repo / "nbs", work / "nbs", "*.ipynb")]
+        out = [f"afm/{p}: differs from a fresh nbdev-export (run nbdev-export and commit)"
+               for p in _diff(repo / "afm", work / "afm", "*.py")]
+        out += [f"nbs/{p}: not clean (run nbdev-clean and commit)"
+                for p in _diff(repo / "nbs", work / "nbs", "*.ipynb")]
         return out
 
 

@@ -1,11 +1,11 @@
-"""The trajectory browser (`afm browse`): a page built from real teacher runs, distilled rows and graded records, served on
-localhost and read in headless Chromium over the DevTools protocol (the helpers of tests/test_docs.py).
+"""The trajectory browser (`afm browse`): a page built from real teacher runs, distilled rows and graded records, served
+on localhost and read in headless Chromium over the DevTools protocol (the helpers of tests/test_docs.py).
 
-Asserts what a reader sees: each task with every source that holds it, steps in their roles' colours, observations marked
-as masked, format problems, model output shown as text (never markup), filters by suite, outcome and source that change
-what is shown, and no request leaving localhost; a lone surrogate in a record shown escaped, and a record afm would not
-write refused in one line naming its file and line. The browser tests skip, with the reason, only where Debian's
-`chromium` (or websocket-client) is absent.
+Asserts what a reader sees: each task with every source that holds it, steps in their roles' colours, observations
+marked as masked, format problems, model output shown as text (never markup), filters by suite, outcome and source that
+change what is shown, and no request leaving localhost; a lone surrogate in a record shown escaped, and a record afm
+would not write refused in one line naming its file and line. The browser tests skip, with the reason, only where
+Debian's `chromium` (or websocket-client) is absent.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def sources(tmp_path_factory) -> dict:
     cfg = DistillConfig(tasks_per_suite=1, workers=1)
     distill(d / "distill", cfg, progress=False)
     tasks = {t.id: t for t in cfg.load_tasks()}
-    kept = [Trajectory.from_json(json.loads(l)["trajectory"]) for l in (d / "distill" / "sft.jsonl").read_text().splitlines()]
+    kept = [Trajectory.from_json(json.loads(l)["trajectory"])
+            for l in (d / "distill" / "sft.jsonl").read_text().splitlines()]
     recs = [grade_episode(tasks[t.task_id], _episode(t, None if i % 2 == 0 else 300)) for i, t in enumerate(kept)]
     evil = recs[0]["trajectory"]
     recs[0]["trajectory"] = {**evil, "steps": [{"role": "think", "text": EVIL, "observation": None},
@@ -79,11 +80,13 @@ def page(site, tmp_path_factory):
 
 
 def shown_tasks(page) -> list[str]:
-    return page.js("[...document.querySelectorAll('section.task')].filter(s => !s.hidden).map(s => s.querySelector('.id').textContent)")
+    return page.js("[...document.querySelectorAll('section.task')].filter(s => !s.hidden).map(s => "
+                   "s.querySelector('.id').textContent)")
 
 
 def click(page, name: str, value: str):
-    assert page.js(f"(() => {{ const c = document.querySelector('input[name={name}][value=\"{value}\"]'); c.click(); return c.checked; }})()") is not None
+    assert page.js(f"(() => {{ const c = document.querySelector('input[name={name}][value=\"{value}\"]'); c.click(); "
+                   f"return c.checked; }})()") is not None
 
 
 @needs_chromium
@@ -103,11 +106,13 @@ def test_every_task_with_every_source(page, sources):
 @needs_chromium
 def test_steps_in_their_roles_colours_and_observations_masked(page):
     from afm.browse import role_colours
-    colours = page.js("Object.fromEntries([...document.querySelectorAll('.step')].map(s => [s.dataset.role, getComputedStyle(s).borderLeftColor]))")
+    colours = page.js("Object.fromEntries([...document.querySelectorAll('.step')].map(s => [s.dataset.role, "
+                      "getComputedStyle(s).borderLeftColor]))")
     want = {r: "rgb({}, {}, {})".format(*(int(c[i:i + 2], 16) for i in (1, 3, 5))) for r, c in role_colours().items()}
     assert {"think", "plan", "answer"} <= set(colours) and all(colours[r] == want[r] for r in colours), (colours, want)
     assert len({colours[r] for r in ("think", "plan", "answer")}) == 3
-    masked = page.js("[...document.querySelectorAll('.view[data-source=distilled] .obs, .view[data-source=model] .obs')].map(o => o.innerText)")
+    masked = page.js("[...document.querySelectorAll('.view[data-source=distilled] .obs, .view[data-source=model] "
+                     ".obs')].map(o => o.innerText)")
     assert masked and all("masked (not trained on)" in m for m in masked), masked[:2]
     teacher = page.js("[...document.querySelectorAll('.view[data-source=teacher] .obs')].map(o => o.innerText)")
     assert teacher and all("tool output" in t for t in teacher)
@@ -116,7 +121,8 @@ def test_steps_in_their_roles_colours_and_observations_masked(page):
 
 @needs_chromium
 def test_model_output_stays_text(page):
-    assert page.js("document.querySelectorAll('img').length") == 0 and page.js("document.querySelectorAll('script').length") == 2
+    assert (page.js("document.querySelectorAll('img').length") == 0
+            and page.js("document.querySelectorAll('script').length") == 2)
     assert EVIL in page.js("document.body.innerText")
 
 
@@ -141,7 +147,8 @@ def test_filters_change_what_is_shown(page, sources):
     assert len(shown_tasks(page)) == len(sources["kept"])  # the tasks only the teacher holds hide with it
     page.js("(() => { const q = document.getElementById('q'); q.value = %s; q.dispatchEvent(new Event('input')); })()"
             % json.dumps(sources["kept"][0].task_id))
-    assert shown_tasks(page) == [f"{sources['tasks'][sources['kept'][0].task_id].source} · {sources['kept'][0].task_id}"]
+    assert shown_tasks(page) == [f"{sources['tasks'][sources['kept'][0].task_id].source} · "
+                                 f"{sources['kept'][0].task_id}"]
     assert "1 of" in page.js("document.getElementById('count').textContent")
 
 
@@ -158,7 +165,8 @@ def test_docs_site_links_the_page(tmp_path, site):
     shutil.copy(site / "index.html", reports / "browse" / "index.html")
     build.write_results(src, reports)
     assert '<a href="browse/index.html">' in (src / "results.md").read_text()
-    assert build.copy_browse(reports, html) and (html / "browse" / "index.html").read_bytes() == (site / "index.html").read_bytes()
+    assert (build.copy_browse(reports, html)
+            and (html / "browse" / "index.html").read_bytes() == (site / "index.html").read_bytes())
 
 
 def test_a_lone_surrogate_is_written_escaped(sources, site):

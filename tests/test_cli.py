@@ -38,7 +38,8 @@ def test_run_writes_metrics_and_resumes(tmp_path):
     settings = tmp_path / "settings.ini"
     settings.write_text("[quick]\ndescription = test\nseed = 3\n")
     reports = tmp_path / "reports"
-    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters", "02b_crawl")
+    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters",
+            "02b_crawl")
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((reports / "metrics.json").read_text())
     assert m["profile"] == "quick" and m["parameters"]["seed"] == 3 and m["versions"]["trl"] == "1.16.0"
@@ -51,12 +52,15 @@ def test_run_writes_metrics_and_resumes(tmp_path):
 
 
 def test_run_refuses_a_chapter_whose_input_is_missing(tmp_path):
-    "RL without an SFT model for the profile: one line naming the chapter, the folder and the command, before anything runs."
+    """RL without an SFT model for the profile: one line naming the chapter, the folder and the command, before
+    anything runs."""
     settings = tmp_path / "settings.ini"
     settings.write_text("[nodata]\ndescription = test\n")
-    r = afm("run", "--profile", "nodata", "--settings", str(settings), "--reports", str(tmp_path / "reports"), "--chapters", "10c_rl_study")
+    r = afm("run", "--profile", "nodata", "--settings", str(settings), "--reports", str(tmp_path / "reports"),
+            "--chapters", "10c_rl_study")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert "chapter 10c_rl_study reads" in r.stderr and "data/sft/nodata" in r.stderr and "--chapters 09c_sft_recipe" in r.stderr
+    assert ("chapter 10c_rl_study reads" in r.stderr and "data/sft/nodata" in r.stderr
+            and "--chapters 09c_sft_recipe" in r.stderr)
     assert not (tmp_path / "reports").exists()
 
 
@@ -72,18 +76,21 @@ def test_bench_search_and_sandbox_print_side_by_side_figures(tmp_path):
     assert r.returncode == 0 and q.returncode == 0, (r.stderr[-2000:], q.stderr[-2000:])
     res = json.loads(r.stdout.strip().splitlines()[-1]) | json.loads(q.stdout.strip().splitlines()[-1])
     assert res["documents"] == 10033 and res["queries"] == 20 and res["runs"] == 3
-    for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_warm_ms", "sandbox_cold_ms", "plain_python_warm_ms",
-              "sandbox_warm_exec_per_s_2_workers", "sandbox_cold_exec_per_s_2_workers"):
+    for k in ("afm_qps_single", "afm_qps_batched", "rank_bm25_qps", "sandbox_warm_ms", "sandbox_cold_ms",
+              "plain_python_warm_ms", "sandbox_warm_exec_per_s_2_workers", "sandbox_cold_exec_per_s_2_workers"):
         assert res[k] > 0, k
-    assert abs(res["speedup_single"] - res["afm_qps_single"] / res["rank_bm25_qps"]) <= 0.01 * res["speedup_single"] + 0.1
+    assert (abs(res["speedup_single"] - res["afm_qps_single"] / res["rank_bm25_qps"])
+            <= 0.01 * res["speedup_single"] + 0.1)
     assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached
 
 
 def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys):
-    """One case as a process of its own; the rest through the same entry point in this process (the same code, faster)."""
+    """One case as a process of its own; the rest through the same entry point in this process (the same code,
+    faster)."""
     from afm.distill import cli_distill
     r = afm("distill", "--tasks_per_suite", "0", "--out", str(tmp_path / "out"), timeout=120)
-    assert r.returncode != 0 and "tasks_per_suite" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-500:]
+    assert (r.returncode != 0 and "tasks_per_suite" in r.stderr
+            and len(r.stderr.strip().splitlines()) == 1), r.stderr[-500:]
 
     def run(*argv):
         try: code = cli_distill([*argv, "--out", str(tmp_path / "out")])
@@ -94,7 +101,8 @@ def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys
         code, err = run(*args)
         assert code != 0 and words in err and len(err.strip().splitlines()) == 1, (args, err[-500:])
     for text, words in [("[tiny]\ndistill_workers = two\n", "distill_workers = 'two' should be a whole number"),
-                        ("[tiny]\ndistill_tasks_per_suite = 2OO\n", "distill_tasks_per_suite = '2OO' should be a whole number"),
+                        ("[tiny]\ndistill_tasks_per_suite = 2OO\n", "distill_tasks_per_suite = '2OO' "
+                                                                    "should be a whole number"),
                         ("[tiny]\nworld_scale = 1.O\n", "world_scale = '1.O' should be a number"),
                         ("[tiny]\ndistill_workers 2\n", "bad.ini"), ("[tiny]\nseed = 1\nseed = 2\n", "bad.ini")]:
         (tmp_path / "bad.ini").write_text(text)
@@ -106,9 +114,11 @@ def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys
 def test_run_refuses_a_profile_key_that_nothing_reads_before_running_anything(tmp_path):
     settings, reports = tmp_path / "settings.ini", tmp_path / "reports"
     settings.write_text("[quick]\ndescription = test\nsft_learnig_rate = 0.001\n")
-    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters", "02b_crawl")
+    r = afm("run", "--profile", "quick", "--settings", str(settings), "--reports", str(reports), "--chapters",
+            "02b_crawl")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert "unknown key 'sft_learnig_rate' (did you mean 'sft_learning_rate'?)" in r.stderr and str(settings) in r.stderr
+    assert ("unknown key 'sft_learnig_rate' (did you mean 'sft_learning_rate'?)" in r.stderr
+            and str(settings) in r.stderr)
     assert not reports.exists()  # nothing ran
 
 
@@ -127,19 +137,23 @@ def broken_models(tmp_path_factory):
     from afm.prompts import system_prompt
     tmp = tmp_path_factory.mktemp("models")
     good = save_model(*tiny_chat_model(texts_limit=50), tmp / "good")
-    def config(d, **change): (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **change}))
-    breaks = {"truncated": lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
-              "hidden-size": lambda d: config(d, hidden_size=128),
-              "config-list": lambda d: (d / "config.json").write_text("[]"),
-              "no-tokenizer": lambda d: (d / "tokenizer.json").unlink(),
-              "no-weights": lambda d: (d / "model.safetensors").unlink()}
+    def config(d, **change):
+        (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **change}))
+    breaks = {
+        "truncated": lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
+        "hidden-size": lambda d: config(d, hidden_size=128),
+        "config-list": lambda d: (d / "config.json").write_text("[]"),
+        "no-tokenizer": lambda d: (d / "tokenizer.json").unlink(),
+        "no-weights": lambda d: (d / "model.safetensors").unlink()}
     for name, spoil in breaks.items():
-        shutil.copytree(good, tmp / name); spoil(tmp / name)
+        shutil.copytree(good, tmp / name)
+        spoil(tmp / name)
     with (tmp / "rows.jsonl").open("w") as f:
         for _ in range(2):
             for traj in examples().values():
                 f.write(json.dumps({"kind": "qa", "messages": [{"role": "system", "content": system_prompt("qa")},
-                        {"role": "user", "content": traj.question}, {"role": "assistant", "content": render(traj)}]}) + "\n")
+                        {"role": "user", "content": traj.question},
+                                                               {"role": "assistant", "content": render(traj)}]}) + "\n")
     (tmp / "settings.ini").write_text("[quick]\ndescription = test\n")
     return tmp, list(breaks)
 
@@ -154,34 +168,42 @@ def _one_line(r, folder, words):
 def test_every_command_that_loads_a_model_names_the_broken_folder_in_one_line(broken_models, tmp_path):
     tmp, breaks = broken_models
     words = {"truncated": "the weights cannot be read", "hidden-size": "config.json does not match the weights",
-             "config-list": "config.json should hold a JSON object", "no-tokenizer": "no tokenizer", "no-weights": "no weights"}
+             "config-list": "config.json should hold a JSON object", "no-tokenizer": "no tokenizer",
+             "no-weights": "no weights"}
     for name in breaks:  # every way a folder breaks, through one command
-        _one_line(afm("serve", "model", "--model", str(tmp / name), "--port", "0", timeout=120), tmp / name, words[name])
+        _one_line(afm("serve", "model", "--model", str(tmp / name), "--port", "0", timeout=120), tmp / name,
+                  words[name])
     data, quick = ["--data", str(tmp / "rows.jsonl")], ["--profile", "quick", "--settings", str(tmp / "settings.ini")]
-    for name, cmd in (("hidden-size", ["sft", *quick, *data, "--out", str(tmp_path / "sft")]),  # every command, one way each
+    # every command, one way each
+    for name, cmd in (("hidden-size", ["sft", *quick, *data, "--out", str(tmp_path / "sft")]),
                       ("truncated", ["bench", "rollout", "--tasks", "1"]),
                       ("config-list", ["bench", "sft", *data, "--rows", "2"])):
         _one_line(afm(*cmd, "--model", str(tmp / name), timeout=300), tmp / name, words[name])
 
 
 def test_a_hub_that_never_answers_fails_load_within_its_timeout(tmp_path):
-    """AFM_DOWNLOAD=1 against a hub that accepts the connection and never answers: one line naming the model and the limit."""
+    """AFM_DOWNLOAD=1 against a hub that accepts the connection and never answers: one line naming the model and the
+    limit."""
     import socket, time
     with socket.socket() as hub:
-        hub.bind(("127.0.0.1", 0)); hub.listen(64)  # the kernel accepts connections for it; nobody ever answers
+        hub.bind(("127.0.0.1", 0))
+        hub.listen(64)  # the kernel accepts connections for it; nobody ever answers
         env = {**os.environ, "OMP_NUM_THREADS": "1", "AFM_DOWNLOAD": "1", "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}",
                "HF_HUB_ETAG_TIMEOUT": "2", "HF_HOME": str(tmp_path / "hf")}
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", "from afm.models import load; load('Qwen/Qwen2.5-7B-Instruct')"],
                            capture_output=True, text=True, env=env, timeout=120)
         took = time.monotonic() - t0
-    assert r.returncode != 0 and "TimeoutError: model Qwen/Qwen2.5-7B-Instruct: no answer from the hub" in r.stderr, r.stderr[-2000:]
-    assert "within 2 s" in r.stderr and took < 15, took  # 2 s for the model's page, 3 s for huggingface_hub's own first request
+    assert (r.returncode != 0
+            and "TimeoutError: model Qwen/Qwen2.5-7B-Instruct: no answer from the hub" in r.stderr), r.stderr[-2000:]
+    # 2 s for the model's page, 3 s for huggingface_hub's own first request
+    assert "within 2 s" in r.stderr and took < 15, took
 
 
 def test_download_fetches_a_model_from_a_hub_and_it_then_loads_offline(broken_models, tmp_path):
-    """`AFM_DOWNLOAD=1` against a small hub of our own (the endpoints huggingface_hub asks: the model's page, each file's
-    HEAD and GET): every file lands in the Hugging Face cache, and the model loads from there later without the hub."""
+    """`AFM_DOWNLOAD=1` against a small hub of our own (the endpoints huggingface_hub asks: the model's page, each
+    file's HEAD and GET): every file lands in the Hugging Face cache, and the model loads from there later without
+    the hub."""
     import hashlib, threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     folder, sha = broken_models[0] / "good", "0123456789abcdef" * 2 + "01234567"
@@ -193,14 +215,16 @@ def test_download_fetches_a_model_from_a_hub_and_it_then_loads_offline(broken_mo
             return folder / self.path[len(prefix):] if self.path.startswith(prefix) else None
         def _answer(self, body: bytes | None):
             self.send_response(200 if body is not None else 404)
-            headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(body).hexdigest()}"', "Content-Length": str(len(body))} if body is not None else {}
+            headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha256(body).hexdigest()}"',
+                       "Content-Length": str(len(body))} if body is not None else {}
             for k, v in headers.items(): self.send_header(k, v)
             self.end_headers()
             return body
         def do_HEAD(self): self._answer(f.read_bytes() if (f := self._file()) and f.is_file() else None)
         def do_GET(self):
             if self.path.startswith("/api/models/org/tiny"):
-                body = json.dumps({"id": "org/tiny", "sha": sha, "siblings": [{"rfilename": p.name} for p in folder.iterdir()]}).encode()
+                body = json.dumps({"id": "org/tiny", "sha": sha,
+                                   "siblings": [{"rfilename": p.name} for p in folder.iterdir()]}).encode()
             else: body = f.read_bytes() if (f := self._file()) and f.is_file() else None
             if (body := self._answer(body)) is not None: self.wfile.write(body)
 
@@ -214,5 +238,6 @@ def test_download_fetches_a_model_from_a_hub_and_it_then_loads_offline(broken_mo
     assert r.returncode == 0 and r.stdout.split() == ["64", "1000"], r.stderr[-2000:]
     snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / sha
     assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in folder.iterdir())
-    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)  # no hub now
+    # no hub now
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert again.returncode == 0 and again.stdout.split() == ["64", "1000"], again.stderr[-2000:]

@@ -27,7 +27,8 @@ def _settings(tmp_path, per_suite):
 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory):
-    "A distillation killed mid-run, a half-written line appended, and the resumed run: (out, finished lines, resumed result)."
+    """A distillation killed mid-run, a half-written line appended, and the resumed run: (out, finished lines,
+    resumed result)."""
     tmp_path = tmp_path_factory.mktemp("distill")
     settings, out = _settings(tmp_path, 12), tmp_path / "out"
     cmd = [AFM, "distill", "--profile", "quick", "--settings", str(settings), "--out", str(out)]
@@ -36,7 +37,8 @@ def crashed(tmp_path_factory):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (not runs.exists() or len(runs.read_text().splitlines()) < 10):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL); proc.wait()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     written = runs.read_bytes()
     finished = written[: written.rfind(b"\n") + 1].splitlines()  # the runs written whole before the kill
     assert 10 <= len(finished) < 12 * len(DISTILL_SUITES), len(finished)
@@ -54,7 +56,8 @@ def test_distill_survives_a_crash_and_resumes(crashed):
     # ... and the resumed process ran only the rest: nothing lost, nothing twice
     ids = [r.task_id for r in read_runs(runs)]
     assert len(after) == len(ids) == len(set(ids)) == 12 * len(DISTILL_SUITES)
-    assert {json.loads(line)["task_id"] for line in finished}.isdisjoint(json.loads(line)["task_id"] for line in after[len(finished):])
+    assert {json.loads(line)["task_id"] for line in finished}.isdisjoint(json.loads(line)["task_id"]
+                                                                         for line in after[len(finished):])
     stats = json.loads((out / "stats.json").read_text())
     assert stats["tasks"] == 12 * len(DISTILL_SUITES) and stats["dataset_rows"] > 0
 
@@ -90,20 +93,24 @@ def test_openai_brain_without_an_endpoint_is_a_clear_error(tmp_path):
 def test_a_dead_endpoint_stops_the_run_cleanly(tmp_path):
     import socket
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = {**ENV, "AFM_TEACHER_BASE_URL": f"http://127.0.0.1:{port}", "AFM_TEACHER_MODEL": "teacher"}
     out = tmp_path / "o"
     t0 = time.monotonic()
-    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(_settings(tmp_path, 2)), "--out", str(out),
-                        "--brain", "openai"], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 1 and f"127.0.0.1:{port}" in r.stderr and "the teacher (llm:openai:teacher) does not answer" in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("afm distill: ValueError: the teacher") and time.monotonic() - t0 < 120  # one line (after progress bars)
+    r = subprocess.run([AFM, "distill", "--profile", "quick", "--settings", str(_settings(tmp_path, 2)), "--out",
+                        str(out), "--brain", "openai"], capture_output=True, text=True, env=env, timeout=300)
+    assert (r.returncode == 1 and f"127.0.0.1:{port}" in r.stderr
+            and "the teacher (llm:openai:teacher) does not answer" in r.stderr), r.stderr[-2000:]
+    # one line (after progress bars)
+    assert (r.stderr.strip().splitlines()[-1].startswith("afm distill: ValueError: the teacher")
+            and time.monotonic() - t0 < 120)
     assert not (out / "runs.jsonl").exists()  # asked once up front: no task was started
 
 
 def test_a_run_with_reports_outside_the_repo_leaves_the_set_where_sft_reads_it(tmp_path):
-    """The pipeline's hand-off: `afm run --reports` anywhere, and the distilled set lands in `data_dir("distill", profile)`
-    (the one rule the SFT chapter and `afm sft` read by), not beside the reports folder."""
+    """The pipeline's hand-off: `afm run --reports` anywhere, and the distilled set lands in `data_dir("distill",
+    profile)` (the one rule the SFT chapter and `afm sft` read by), not beside the reports folder."""
     from afm.core import data_dir, read_rows
     profile = f"handoff-test-{os.getpid()}"
     settings, reports = tmp_path / "settings.ini", tmp_path / "elsewhere" / "reports"

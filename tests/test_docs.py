@@ -98,14 +98,16 @@ def site(tmp_path_factory) -> Path:
 
 @contextlib.contextmanager
 def serve_and_open(directory: Path, profile: Path):
-    "(base URL, a Chromium tab): `directory` served by `python -m http.server` on a free localhost port, and headless Chromium."
+    """(base URL, a Chromium tab): `directory` served by `python -m http.server` on a free localhost port, and
+    headless Chromium."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                                "--directory", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     chrome = subprocess.Popen([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               "--disable-dev-shm-usage", "--no-proxy-server", f"--user-data-dir={profile}", "--remote-debugging-port=0",
-                               "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--disable-dev-shm-usage", "--no-proxy-server", f"--user-data-dir={profile}",
+                               "--remote-debugging-port=0", "about:blank"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
 

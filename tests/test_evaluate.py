@@ -1,4 +1,5 @@
-"""`afm eval` as a user runs it: killed mid-run and rerun, it ends with the records an uninterrupted run makes; bad input is one line."""
+"""`afm eval` as a user runs it: killed mid-run and rerun, it ends with the records an uninterrupted run makes; bad
+input is one line."""
 import importlib.util
 import json
 import signal
@@ -30,7 +31,8 @@ def pairs(path):
 
 def test_killed_run_resumes_to_the_uninterrupted_records(tool_caller_folder, tmp_path):
     killed, whole = tmp_path / "killed.jsonl", tmp_path / "whole.jsonl"
-    proc = subprocess.Popen([AFM, *eval_args(tool_caller_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([AFM, *eval_args(tool_caller_folder, killed)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     lock = killed.with_name("killed.jsonl.lock")  # the first writer's, naming it, once it holds the file
     while time.time() < deadline and proc.poll() is None and not (lock.is_file() and lock.read_text()):
@@ -50,16 +52,19 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tool_caller_folder, tmp
     with open(killed, "a") as f: f.write('{"task_id": "world-atomic/')  # a write the kill cut short
     r = afm(*eval_args(tool_caller_folder, killed))  # the killed writer's lock went with it
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"| world-atomic | {QUESTIONS} | {QUESTIONS * SAMPLES} |" in r.stdout and f"{QUESTIONS * SAMPLES} records in" in r.stdout
+    assert (f"| world-atomic | {QUESTIONS} | {QUESTIONS * SAMPLES} |" in r.stdout
+            and f"{QUESTIONS * SAMPLES} records in" in r.stdout)
     r = afm(*eval_args(tool_caller_folder, whole))
     assert r.returncode == 0, r.stderr[-2000:]
     got, want = pairs(killed), pairs(whole)
     assert len(got) == len(set(got)) == QUESTIONS * SAMPLES and set(got) == set(want)  # nothing lost, nothing repeated
-    same = ("answer", "reward", "end", "format_failure", "tool_calls", "sampled_tokens")  # not seconds, which differ run to run
+    # not seconds, which differ run to run
+    same = ("answer", "reward", "end", "format_failure", "tool_calls", "sampled_tokens")
     strip = lambda p: {(r["task_id"], r["sample"]): ([r[k] for k in same], r["trajectory"]["steps"])
                        for r in map(json.loads, Path(p).read_text().splitlines())}
     a, b = strip(killed), strip(whole)
-    assert sum(a[p] == b[p] for p in a) >= 0.9 * len(a)  # a sample's seeds come from its task and number: the same episodes
+    # a sample's seeds come from its task and number: the same episodes
+    assert sum(a[p] == b[p] for p in a) >= 0.9 * len(a)
     # a rerun reads everything back; a damaged line in the middle is an error naming file:line; another key is refused
     r = afm(*eval_args(tool_caller_folder, whole))
     assert r.returncode == 0 and len(pairs(whole)) == QUESTIONS * SAMPLES
@@ -214,21 +219,25 @@ def test_a_server_killed_mid_run_leaves_its_pairs_to_the_rerun(tool_caller_folde
     (["--endpoint", "http://127.0.0.1:9"], "the endpoint http://127.0.0.1:9 does not answer"),
 ])
 def test_bad_input_is_one_line(tool_caller_folder, tmp_path, extra, says):
-    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"), *extra)
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2", "--out",
+            str(tmp_path / "r.jsonl"), *extra)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 1 and last.startswith("afm eval: ") and says in last, r.stderr[-1000:]
     assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_unknown_model_is_one_line(tmp_path):
-    r = afm("eval", "--model", str(tmp_path / "no-model"), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"))
-    assert r.returncode == 1 and "model folder" in r.stderr and "does not exist" in r.stderr.strip().splitlines()[-1], r.stderr[-1000:]
+    r = afm("eval", "--model", str(tmp_path / "no-model"), "--suite", "world-atomic", "--per-suite", "2", "--out",
+            str(tmp_path / "r.jsonl"))
+    assert (r.returncode == 1 and "model folder" in r.stderr
+            and "does not exist" in r.stderr.strip().splitlines()[-1]), r.stderr[-1000:]
 
 
 def test_eval_over_a_served_model(tool_caller_folder, tmp_path):
-    "`afm serve model` in one process, `afm eval --endpoint` (the URL as the server prints it) in another: the same records as in process."
-    server = subprocess.Popen([AFM, "serve", "model", "--model", str(tool_caller_folder), "--port", "0"], cwd=REPO, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    """`afm serve model` in one process, `afm eval --endpoint` (the URL as the server prints it) in another: the same
+    records as in process."""
+    server = subprocess.Popen([AFM, "serve", "model", "--model", str(tool_caller_folder), "--port", "0"], cwd=REPO,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = server.stdout.readline()
         assert line.startswith("serving "), line
@@ -238,7 +247,8 @@ def test_eval_over_a_served_model(tool_caller_folder, tmp_path):
         r = afm("eval", *args, "--endpoint", url, "--out", str(tmp_path / "served.jsonl"))
         assert r.returncode == 0, r.stderr[-2000:]
     finally:
-        server.kill(); server.wait()
+        server.kill()
+        server.wait()
     assert "| world-atomic | 3 | 3 |" in r.stdout
     r = afm("eval", *args, "--out", str(tmp_path / "local.jsonl"))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -252,21 +262,25 @@ NO_JUDGE = {k: v for k, v in ENV.items() if k not in ("AFM_JUDGE_BASE_URL", "SER
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--suite", "fanoutqa"], "is a web task, graded by the LLM judge, and no judge is configured: set AFM_JUDGE_BASE_URL"),
+    (["--suite", "fanoutqa"], "is a web task, graded by the LLM judge, and no judge is configured: "
+                              "set AFM_JUDGE_BASE_URL"),
     (["--engine", "sglang"], "engine 'sglang' is not one of hf, vllm"),
     (["--dtype", "fp8"], "dtype 'fp8' is not one of auto, float32, bfloat16, float16"),
     (["--device", "cuda:9"], "device 'cuda:9'"),
     (["--prompt-layout", "released"], "invalid choice: 'released'"),
     (["--online"], "online: web_search asks Serper, and SERPER_API_KEY is not set"),
     (["--corpus", "/nonexistent/docs.jsonl"], "corpus /nonexistent/docs.jsonl: no such file"),
-    pytest.param(["--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine with an NVIDIA GPU: '
-                 'pip install -e ".[gpu]"', marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
+    pytest.param(["--engine", "vllm"], 'engine vllm: vLLM is not installed here; install the gpu extra on a machine '
+                 'with an NVIDIA GPU: pip install -e ".[gpu]"',
+                 marks=pytest.mark.skipif(VLLM, reason="vLLM is installed here")),
 ])
 def test_engine_judge_and_layout_options_are_checked_first(tool_caller_folder, tmp_path, extra, says):
-    "Each refused in one line before the model loads or anything is generated (a web suite: before its first episode, no judge)."
+    """Each refused in one line before the model loads or anything is generated (a web suite: before its first
+    episode, no judge)."""
     t0 = time.monotonic()
-    r = subprocess.run([AFM, "eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2", "--out", str(tmp_path / "r.jsonl"),
-                        *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=NO_JUDGE)
+    r = subprocess.run([AFM, "eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--per-suite", "2",
+                        "--out", str(tmp_path / "r.jsonl"), *extra], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env=NO_JUDGE)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode in (1, 2) and says in last, r.stderr[-1000:]
     assert not (tmp_path / "r.jsonl").exists() and time.monotonic() - t0 < 120
@@ -274,38 +288,48 @@ def test_engine_judge_and_layout_options_are_checked_first(tool_caller_folder, t
 
 @pytest.mark.skipif(VLLM, reason="vLLM is installed here: the profile's engine would be built")
 def test_the_profile_engine_key_is_honoured(tmp_path):
-    "paper-web-7b names engine = vllm: without vLLM, `afm eval --profile paper-web-7b` says so in one line, before its 15 GB model is looked for."
+    """paper-web-7b names engine = vllm: without vLLM, `afm eval --profile paper-web-7b` says so in one line, before
+    its 15 GB model is looked for."""
     r = afm("eval", "--profile", "paper-web-7b", "--suite", "world-atomic", "--out", str(tmp_path / "r.jsonl"))
-    assert r.returncode == 1 and r.stderr.strip().splitlines() == ['afm eval: ValueError: engine vllm: vLLM is not installed here; install '
-                                                                  'the gpu extra on a machine with an NVIDIA GPU: pip install -e ".[gpu]"'], r.stderr
-    r = afm("eval", "--profile", "paper-web-7b", "--engine", "hf", "--device", "cpu", "--suite", "world-atomic", "--out", str(tmp_path / "r.jsonl"),
-            timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == ['afm eval: ValueError: engine vllm: vLLM is not '
+                                                                  'installed here; install the gpu extra on a machine '
+                                                                  'with an NVIDIA GPU: '
+                                                                  'pip install -e ".[gpu]"'], r.stderr
+    r = afm("eval", "--profile", "paper-web-7b", "--engine", "hf", "--device", "cpu", "--suite", "world-atomic",
+            "--out", str(tmp_path / "r.jsonl"), timeout=120)
     if "not on this machine" not in r.stderr: pytest.skip("Qwen2.5-7B-Instruct is cached here")
-    assert r.returncode == 1 and "model Qwen/Qwen2.5-7B-Instruct is not on this machine" in r.stderr.strip().splitlines()[-1]
+    assert (r.returncode == 1
+            and "model Qwen/Qwen2.5-7B-Instruct is not on this machine" in r.stderr.strip().splitlines()[-1])
 
 
 def test_dtype_and_released_layout_reach_the_records(tool_caller_folder, tmp_path):
-    "`--dtype bfloat16 --device cpu --prompt-layout user`: the records' key says how they were made, so fp32 records are not mixed in."
+    """`--dtype bfloat16 --device cpu --prompt-layout user`: the records' key says how they were made, so fp32
+    records are not mixed in."""
     out = tmp_path / "user.jsonl"
-    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
-            "--device", "cpu", "--dtype", "bfloat16", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2",
+            "--max-new-tokens", "16", "--device", "cpu", "--dtype", "bfloat16", "--prompt-layout", "user",
+            "--system", "Search, then answer.", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     key = json.loads(out.with_suffix(".identity.json").read_text())
-    assert key["engine"] == {"engine": "hf", "device": "cpu", "dtype": "bfloat16"} and key["rollout"]["prompt_layout"] == "user"
+    assert (key["engine"] == {"engine": "hf", "device": "cpu", "dtype": "bfloat16"}
+            and key["rollout"]["prompt_layout"] == "user")
     assert key["rollout"]["temperature"] == 0.0  # one sample on tiny: greedy (eval_config)
-    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "16",
-            "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.", "--out", str(out))
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2",
+            "--max-new-tokens", "16", "--device", "cpu", "--prompt-layout", "user", "--system", "Search, then answer.",
+            "--out", str(out))
     says = 'made otherwise (engine.dtype: "bfloat16" there, "float32" here)'  # the identity's one difference, named
     assert r.returncode == 1 and says in r.stderr, r.stderr[-1000:]
 
 
 def test_a_corpus_of_your_own_is_the_tools(tool_caller_folder, tmp_path):
-    "`--corpus`: the tools of `afm distill` over your documents (and the world's pages, for a generated suite), named in the records' key."
+    """`--corpus`: the tools of `afm distill` over your documents (and the world's pages, for a generated suite),
+    named in the records' key."""
     docs = tmp_path / "docs.jsonl"
-    docs.write_text(json.dumps({"url": "https://example.org/lumo", "title": "Lumo", "text": "Lumo was founded in 1999 in Destolmir."}) + "\n")
+    docs.write_text(json.dumps({"url": "https://example.org/lumo", "title": "Lumo",
+                                "text": "Lumo was founded in 1999 in Destolmir."}) + "\n")
     out = tmp_path / "corpus.jsonl"
-    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2", "--max-new-tokens", "40",
-            "--system", "Search, then answer.", "--corpus", str(docs), "--out", str(out))
+    r = afm("eval", "--model", str(tool_caller_folder), "--suite", "world-atomic", "--split", "val", "--per-suite", "2",
+            "--max-new-tokens", "40", "--system", "Search, then answer.", "--corpus", str(docs), "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     key = json.loads(out.with_suffix(".identity.json").read_text())
     assert key["toolbox"]["corpus"] == str(docs) and not key["toolbox"]["online"] and len(pairs(out)) == 2

@@ -36,8 +36,8 @@ def tiny():
 
 
 class Scripted:
-    """An OpenAI-compatible server that answers its n-th request with `actions[n]` (the last action repeats) and records how
-    many requests it saw and the most it held in flight at once."""
+    """An OpenAI-compatible server that answers its n-th request with `actions[n]` (the last action repeats) and records
+    how many requests it saw and the most it held in flight at once."""
 
     def __init__(self, *actions: str, delay_s: float = 0.0):
         self.actions, self.delay_s = actions, delay_s
@@ -58,7 +58,8 @@ class Scripted:
 
     @staticmethod
     def respond(action: str, body: dict):
-        completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {len(body['messages'])}"},
+        completion = {"choices": [{"index": 0,
+                                   "message": {"role": "assistant", "content": f"echo {len(body['messages'])}"},
                                    "finish_reason": "stop"}]}
         usage = {"usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}}
         if action in ("ok", "slow"): return {**completion, **usage}
@@ -165,7 +166,8 @@ def test_endpoint_down_fails_clearly_in_bounded_time():
     with pytest.raises(BackendError) as e:
         LLMClient([Endpoint(url, "m", timeout_s=2)], retries=2, backoff_s=0.1).complete(CHAT)
     assert time.perf_counter() - t0 < 2.0
-    assert str(e.value).startswith("openai:m: no completion after 3 attempts") and f"{url}: ConnectError" in str(e.value)
+    assert (str(e.value).startswith("openai:m: no completion after 3 attempts")
+            and f"{url}: ConnectError" in str(e.value))
 
 
 def test_client_errors_are_not_retried(scripted, tiny):
@@ -175,7 +177,8 @@ def test_client_errors_are_not_retried(scripted, tiny):
         assert server.calls == 1
         assert str(e.value) == f"{server.url} rejected the request (not retried): HTTP {status}: scripted {status}"
     _, url = tiny  # a real rejection: the request does not fit the tiny model's context
-    with pytest.raises(BackendError, match=r"HTTP 400: a prompt of \d+ tokens plus max_tokens=4000 exceeds the context"):
+    with pytest.raises(BackendError,
+                       match=r"HTTP 400: a prompt of \d+ tokens plus max_tokens=4000 exceeds the context"):
         LLMClient([Endpoint(url, "tiny")], **FAST).complete(CHAT, max_tokens=4000)
 
 
@@ -194,7 +197,8 @@ def test_failover_to_a_live_endpoint(scripted):
 def test_missing_usage_is_estimated_and_says_so(scripted):
     server = scripted("nousage")
     c = LLMClient([Endpoint(server.url, "m")]).complete(CHAT)
-    assert c.backend.endswith("(usage estimated)") and c.prompt_tokens > 8 and c.completion_tokens == 2  # "echo 2": 6 bytes
+    # "echo 2": 6 bytes
+    assert c.backend.endswith("(usage estimated)") and c.prompt_tokens > 8 and c.completion_tokens == 2
 
 
 def test_from_env(monkeypatch, scripted):
@@ -207,7 +211,8 @@ def test_from_env(monkeypatch, scripted):
     assert backend.name == "openai:qwen" and [backend.complete(CHAT).text for _ in range(2)] == ["echo 2"] * 2
     assert (a.calls, b.calls) == (1, 1)
     monkeypatch.setenv("AFM_TEACHER_BASE_URL", "localhost:8000")
-    with pytest.raises(ValueError, match="AFM_TEACHER_BASE_URL: 'localhost:8000' is not an http"): LLMClient.from_env("AFM_TEACHER")
+    with pytest.raises(ValueError, match="AFM_TEACHER_BASE_URL: 'localhost:8000' is not an http"):
+        LLMClient.from_env("AFM_TEACHER")
 
 
 def test_server_validates_requests(tiny):
@@ -227,9 +232,10 @@ def test_server_validates_requests(tiny):
 
 
 def _protocol_reply(system: str, memory: str) -> str:
-    """What a competent LLM following the agents' protocol answers, from the prompt alone: the role comes from the system
-    prompt, the facts from the observations in the shared memory (it never sees the gold answer)."""
-    entity = re.fullmatch(r"In what year was (.+?) (?:born|founded)\?", re.search(r"^Question: (.*)$", memory, re.M)[1])[1]
+    """What a competent LLM following the agents' protocol answers, from the prompt alone: the role comes from the
+    system prompt, the facts from the observations in the shared memory (it never sees the gold answer)."""
+    entity = re.fullmatch(r"In what year was (.+?) (?:born|founded)\?",
+                          re.search(r"^Question: (.*)$", memory, re.M)[1])[1]
     crawled = re.findall(r"<crawl_page>.*?</crawl_page>\n<observation>(.*?)</observation>", memory, re.S)
     suggested = re.findall(r"<suggested_answer>(.*?)</suggested_answer>", memory)
     if system.startswith("You coordinate"):
@@ -244,17 +250,19 @@ def _protocol_reply(system: str, memory: str) -> str:
         if "<web_search>" not in memory: return f"web_search: {entity}"
         return "crawl_page: " + re.search(r"\[" + re.escape(entity) + r"\]\((https://[^)\s]+)\)", memory)[1]
     if system.startswith("You are the reflection agent."):
-        return ("information_conflict: good - one page, no contradiction\ntool_effectiveness: good - the page was found and read\n"
-                "trajectory_monitoring: good - ready to answer")
+        return ("information_conflict: good - one page, no contradiction\ntool_effectiveness: good - the page was "
+                "found and read\ntrajectory_monitoring: good - ready to answer")
     if system.startswith("You are the verifier."):
         year = re.search(r"\b(1[0-9]{3}|20[0-9]{2})\b", crawled[-1])[1]
-        return f"double_check: The page of {entity} states {year}. Score: 4" if suggested else f"suggested_answer: {year}"
+        return (f"double_check: The page of {entity} states {year}. Score: 4" if suggested
+                else f"suggested_answer: {year}")
     if system.startswith("Write only the final answer"): return suggested[-1]
     raise AssertionError(f"a prompt the protocol does not know: {system[:80]!r}")
 
 
 class ProtocolLLM:
-    """An OpenAI-compatible server whose replies follow the agents' protocol (`_protocol_reply`); it records the roles asked."""
+    """An OpenAI-compatible server whose replies follow the agents' protocol (`_protocol_reply`); it records the
+    roles asked."""
 
     def __init__(self):
         self.roles = []
@@ -293,7 +301,8 @@ def test_llm_teacher_reaches_a_correct_answer_over_http():
             assert run.status == "answered", (run.status, run.reason)
             assert grade(task, run.answer) == 1.0, (task.answers, run.answer)
             traj = linearize(run, task)
-            assert grammar_problems(traj) == [] and [s.role for s in traj.steps if s.role in ("web_search", "crawl_page")] == ["web_search", "crawl_page"]
+            assert grammar_problems(traj) == [] and [
+                s.role for s in traj.steps if s.role in ("web_search", "crawl_page")] == ["web_search", "crawl_page"]
             assert traj.accounting.prompt_tokens > 0 and traj.accounting.tool_calls == 2
             kept, _ = filter_trajectories([(traj, task)], FilterConfig(keep_without_reflection=0.0))
             assert len(kept) == 1, "a correct, reflected, grammatical trajectory passes the distillation filter"
@@ -303,11 +312,13 @@ def test_llm_teacher_reaches_a_correct_answer_over_http():
 
 
 def test_the_llm_teachers_settings_reach_its_endpoint(scripted, monkeypatch):
-    """`LLMTeacherConfig` (what `afm distill --brain openai` and a profile's `distill_llm` set): the concurrency bounds the
-    requests in flight, the timeout bounds one request, and the URL, model and key come from the config or `AFM_TEACHER_*`."""
+    """`LLMTeacherConfig` (what `afm distill --brain openai` and a profile's `distill_llm` set): the concurrency bounds
+    the requests in flight, the timeout bounds one request, and the URL, model and key come from the config or
+    `AFM_TEACHER_*`."""
     from afm.mas import AgentCall, LLMBrain, LLMTeacherConfig, Memory, check_backend
     server = scripted("ok", delay_s=0.2)
-    brain = LLMBrain.from_config(LLMTeacherConfig(base_url=server.url, model="m", max_tokens=32, temperature=0.2, concurrency=2))
+    brain = LLMBrain.from_config(LLMTeacherConfig(base_url=server.url, model="m", max_tokens=32, temperature=0.2,
+                                                  concurrency=2))
     call = AgentCall("planner", CHAT, Memory("q"), None)
     with ThreadPoolExecutor(8) as ex: out = list(ex.map(lambda _: brain.act(call).text, range(8)))
     assert out == ["echo 2"] * 8 and server.max_in_flight == 2 and (brain.max_tokens, brain.temperature) == (32, 0.2)
@@ -316,7 +327,9 @@ def test_the_llm_teachers_settings_reach_its_endpoint(scripted, monkeypatch):
     with pytest.raises(ValueError, match=r"the teacher does not answer: .*timed out after 0\.3 s"):
         check_backend(LLMBrain.from_config(LLMTeacherConfig(base_url=slow.url, timeout_s=0.3, retries=0)).backend)
     assert time.perf_counter() - t0 < 1.5
-    monkeypatch.setenv("AFM_TEACHER_BASE_URL", server.url); monkeypatch.setenv("AFM_TEACHER_MODEL", "from-env")
+    monkeypatch.setenv("AFM_TEACHER_BASE_URL", server.url)
+    monkeypatch.setenv("AFM_TEACHER_MODEL", "from-env")
     assert LLMBrain.from_config(LLMTeacherConfig()).name == "llm:openai:from-env"
     monkeypatch.delenv("AFM_TEACHER_BASE_URL")
-    with pytest.raises(ValueError, match="needs an endpoint: set --base_url .* or AFM_TEACHER_BASE_URL"): LLMTeacherConfig().client()
+    with pytest.raises(ValueError, match="needs an endpoint: set --base_url .* or AFM_TEACHER_BASE_URL"):
+        LLMTeacherConfig().client()

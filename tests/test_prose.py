@@ -29,7 +29,8 @@ def test_a_chapter_states_no_figure_the_records_lack(notebook, known):
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.relative_to(REPO)))
 def test_a_report_card_states_only_its_records_figures(path):
-    "The card as `write_reports` writes it from each committed record, and the committed card beside it: nothing else is cited."
+    """The card as `write_reports` writes it from each committed record, and the committed card beside it: nothing
+    else is cited."""
     from afm.card import report_card
     from afm.results import paper_results
     record = json.loads(path.read_text())
@@ -39,7 +40,8 @@ def test_a_report_card_states_only_its_records_figures(path):
 
 
 def test_a_hand_typed_figure_is_caught(known):
-    "The check checks: a time, a score and a share typed into the README are caught; a count, a version and a section are not figures."
-    typed = ("\nOn this machine `make reproduce` took 52 minutes and SFT scored 0.6173 on 300 questions, 63.1% of them with "
-             "transformers 5.17 (section 4).\n")
+    """The check checks: a time, a score and a share typed into the README are caught; a count, a version and a
+    section are not figures."""
+    typed = ("\nOn this machine `make reproduce` took 52 minutes and SFT scored 0.6173 on 300 questions, 63.1% of them "
+             "with transformers 5.17 (section 4).\n")
     assert unsourced((REPO / "README.md").read_text() + typed, known) == ["52 minutes", "0.6173", "63.1%"]

@@ -1,4 +1,5 @@
-"""The registries fill themselves from entry points: every thread sees the complete set, even while another is loading it."""
+"""The registries fill themselves from entry points: every thread sees the complete set, even while another is
+loading it."""
 import subprocess
 import sys
 

@@ -1,5 +1,5 @@
-"""The retrieval server under hostile bodies: every bad body is a 4xx with a readable JSON answer, the work one request can
-cause is bounded, and /health stays responsive while the server is busy."""
+"""The retrieval server under hostile bodies: every bad body is a 4xx with a readable JSON answer, the work one request
+can cause is bounded, and /health stays responsive while the server is busy."""
 import threading
 import time
 
@@ -42,7 +42,8 @@ def test_health_stays_responsive_while_the_server_is_busy(url):
     stop, n = threading.Event(), MAX_RESULTS // 100
     def hammer():
         with httpx.Client(timeout=60) as c:
-            while not stop.is_set(): c.post(f"{url}/retrieve", json={"queries": ["the history of art"] * n, "topk": 100})
+            while not stop.is_set():
+                c.post(f"{url}/retrieve", json={"queries": ["the history of art"] * n, "topk": 100})
     workers = [threading.Thread(target=hammer) for _ in range(4)]
     for w in workers: w.start()
     try:

@@ -1,5 +1,5 @@
-"""`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes, the guard stopping
-a run whose search service goes down, and bad settings refused in one line before anything trains."""
+"""`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes, the guard
+stopping a run whose search service goes down, and bad settings refused in one line before anything trains."""
 import json
 import signal
 import subprocess
@@ -35,7 +35,8 @@ rl_save_steps = 2
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tool_caller_folder):
-    "The small tool-calling model in a folder and a profile of its own (format reward on, so every step moves the weights)."
+    """The small tool-calling model in a folder and a profile of its own (format reward on, so every step moves the
+    weights)."""
     import shutil
     tmp = tmp_path_factory.mktemp("rl")
     shutil.copytree(tool_caller_folder, tmp / "model")
@@ -64,14 +65,16 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, caps
     mark = out / "checkpoints" / "checkpoint-2" / "afm_health.json"  # written after the rest of the checkpoint
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not mark.is_file() and proc.poll() is None: time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL); proc.wait()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     assert mark.is_file() and not (out / "rl.json").exists()  # killed after a checkpoint, before the end
     assert cli_rl(_cmd(setup, out, *steps)[2:]) == 0  # resumed, here
     done = json.loads((out / "rl.json").read_text())
     assert done["resumed_from"] == "checkpoint-2" and done["steps"] == 4
     a, b = read_health(out), read_health(setup / "whole")
     assert [r["step"] for r in a] == [1, 2, 3, 4] == [r["step"] for r in b]  # every step logged once
-    for k in ("reward", "episodes/sampled_tokens", "episodes/tool_calls"):  # the resumed steps sampled the same episodes
+    # the resumed steps sampled the same episodes
+    for k in ("reward", "episodes/sampled_tokens", "episodes/tool_calls"):
         assert [r[k] for r in a] == pytest.approx([r[k] for r in b], abs=1e-4), k
     wa, wb = _weights(out / "model"), _weights(setup / "whole" / "model")
     start = _weights(setup / "model")
@@ -79,7 +82,8 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, caps
     assert all((wa[n] - wb[n]).abs().max() < 1e-4 for n in wa)  # and the resumed run moved them the same way
     # another run in the same folder is refused, never resumed from these checkpoints
     capsys.readouterr()
-    assert cli_rl(_cmd(setup, out, "--max_steps", "6", "--learning_rate", "0.002")[2:]) == 1  # max_steps alone may differ
+    # max_steps alone may differ
+    assert cli_rl(_cmd(setup, out, "--max_steps", "6", "--learning_rate", "0.002")[2:]) == 1
     said = capsys.readouterr().err
     assert f"{out} holds another run (args.learning_rate: 0.001 there, 0.002 here); use another folder" in said, said
     assert json.loads((out / "rl.json").read_text())["steps"] == 4
@@ -97,19 +101,21 @@ def test_a_run_cut_short_or_extended_from_its_checkpoints(setup):
     shutil.copytree(whole, cut), shutil.copytree(whole, longer)
     assert cli_rl(_cmd(setup, cut, "--max_steps", "2")[2:]) == 0
     done = json.loads((cut / "rl.json").read_text())
-    assert done["steps"] == 2 and done["resumed_from"] == "checkpoint-2" and [r["step"] for r in read_health(cut)] == [1, 2]
+    assert (done["steps"] == 2 and done["resumed_from"] == "checkpoint-2"
+            and [r["step"] for r in read_health(cut)] == [1, 2])
     final, at2, at4 = _weights(cut / "model"), _weights(cut / "checkpoints" / "checkpoint-2"), _weights(whole / "model")
     assert all((final[n] - at2[n]).abs().max() == 0 for n in final)  # the checkpoint's weights, no step taken
     assert any((final[n] - at4[n]).abs().max() > 0 for n in final)
     assert cli_rl(_cmd(setup, longer, "--max_steps", "5")[2:]) == 0
     done = json.loads((longer / "rl.json").read_text())
-    assert done["steps"] == 5 and done["resumed_from"] == "checkpoint-4" and [r["step"] for r in read_health(longer)] == [1, 2, 3, 4, 5]
+    assert (done["steps"] == 5 and done["resumed_from"] == "checkpoint-4"
+            and [r["step"] for r in read_health(longer)] == [1, 2, 3, 4, 5])
 
 
 def test_two_processes_end_with_the_same_weights(setup):
     out = setup / "ddp"
-    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "2")]
+    cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "2")]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     done = json.loads((out / "rl.json").read_text())
@@ -135,28 +141,35 @@ def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
 
     @app.post("/search")
     def search(body: dict):
-        return {"organic": [{"title": h.doc.title, "link": h.doc.url, "snippet": h.doc.text[:100]} for h in index.search(body["q"], body.get("num", 2))]}
+        return {"organic": [{"title": h.doc.title, "link": h.doc.url, "snippet": h.doc.text[:100]}
+                            for h in index.search(body["q"], body.get("num", 2))]}
 
     server, url = serve_in_thread(app)
-    box = Toolbox([SearchConfig(index=index, web_k=2, snippet_chars=100, serper=SerperSearch(api_key="k", endpoint=f"{url}/search", timeout_s=2))], online=True)
+    box = Toolbox([SearchConfig(index=index, web_k=2, snippet_chars=100,
+                                serper=SerperSearch(api_key="k", endpoint=f"{url}/search", timeout_s=2))], online=True)
     out = tmp_path / "guarded"
     def stop_after_first_step():
-        while not (out / "health.csv").is_file() or len((out / "health.csv").read_text().splitlines()) < 2: time.sleep(0.05)
+        while not (out / "health.csv").is_file() or len((out / "health.csv").read_text().splitlines()) < 2:
+            time.sleep(0.05)
         server.should_exit = True
     threading.Thread(target=stop_after_first_step, daemon=True).start()
-    args = RLArgs(max_steps=6, num_generations=4, groups_per_step=2, max_draws=0, report_to="none", save_steps=100, format_weight=0.1,
-                  guard_format_failures=1.0)  # this model, reading web results it was not fitted on, fails the format often: watch the tools alone
-    cfg = RolloutConfig(max_new_tokens=160, max_tokens_per_turn=80, max_tool_calls=4, system=TINY_SYSTEM, system_style="brief")
+    # this model, reading web results it was not fitted on, fails the format often: watch the tools alone
+    args = RLArgs(max_steps=6, num_generations=4, groups_per_step=2, max_draws=0, report_to="none", save_steps=100,
+                  format_weight=0.1, guard_format_failures=1.0)
+    cfg = RolloutConfig(max_new_tokens=160, max_tokens_per_turn=80, max_tool_calls=4, system=TINY_SYSTEM,
+                        system_style="brief")
     with pytest.raises(GuardStop, match="tool_failure_rate"):
         train_rl(rl_tasks(["world-atomic"], 16), out, args, cfg, box, *load(str(setup / "model")), progress=False)
     health, guard = read_health(out), json.loads((out / "guard.json").read_text())
     assert health[0]["episodes/tool_failure_rate"] == 0.0 and health[-1]["episodes/tool_failure_rate"] > 0.5
-    assert guard["step"] == health[-1]["step"] < 6 and (out / "checkpoints" / f"checkpoint-{guard['step']}" / "afm_health.json").is_file()
+    assert guard["step"] == health[-1]["step"] < 6 and (out / "checkpoints" / f"checkpoint-{guard['step']}"
+                                                        / "afm_health.json").is_file()
     assert not (out / "rl.json").exists()  # a stopped run is not a finished one
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--num_generations", "1"], "num_generations"), (["--groups_per_step", "3", "--micro_batch", "5"], "rl_micro_batch"),
+    (["--num_generations", "1"], "num_generations"),
+    (["--groups_per_step", "3", "--micro_batch", "5"], "rl_micro_batch"),
     (["--suites", "no-such-suite"], "no-such-suite"), (["--report_to", "nowhere"], "report_to"),
     (["--format_weight", "0.5"], "format_weight"), (["--vllm", "true"], "rl_vllm"),
     (["--tasks_per_suite", "0"], "rl_tasks_per_suite (--tasks_per_suite) = 0"), (["--suites", ","], "is empty")])

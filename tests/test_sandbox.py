@@ -57,8 +57,8 @@ def pool_held() -> tuple[set[int], set[str]]:
 
 def sandbox_processes() -> list[tuple[int, int, str]]:
     """(pid, uid, name) of every live process of a sandbox uid, except the idle ones of the warm pool and those of a uid
-    another process leases now (another test worker's or an RL run's sandboxes): a leftover of this process's runs keeps a
-    uid whose lease this process has given back."""
+    another process leases now (another test worker's or an RL run's sandboxes): a leftover of this process's runs keeps
+    a uid whose lease this process has given back."""
     held = pool_held()[0]
     others = leased_by_others()
     found = all_sandbox_processes()
@@ -67,7 +67,8 @@ def sandbox_processes() -> list[tuple[int, int, str]]:
 
 
 def leased_by_others() -> set[int]:
-    """The sandbox uids whose lease (a flock on the uid's lock file) another process holds now, read from /proc/locks."""
+    """The sandbox uids whose lease (a flock on the uid's lock file) another process holds now, read from
+    /proc/locks."""
     lock_dir = Path(sandbox._lock_dir())
     slots = {}
     for path in lock_dir.iterdir():
@@ -281,7 +282,8 @@ def write_attempts(directories: list[str]) -> dict:
 
 @needs_bwrap
 def test_cannot_write_outside_workdir(bwrap: None) -> None:
-    directories = ["/", "/var/tmp", "/usr", "/usr/lib", "/etc", "/root", "/work", str(HOST_FILE.parent), "/home", "/dev"]
+    directories = ["/", "/var/tmp", "/usr", "/usr/lib", "/etc", "/root", "/work", str(HOST_FILE.parent),
+                   "/home", "/dev"]
     outcome = write_attempts(directories)
     assert all(value != "written" for value in outcome.values()), outcome
 
@@ -542,8 +544,8 @@ def workdirs() -> set[str]:
 
 
 def test_workdir_is_removed(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a temporary directory of its own: other processes on the machine (a pytest worker, a background run) make and remove
-    # their sandboxes' workdirs in the shared one meanwhile
+    # a temporary directory of its own: other processes on the machine (a pytest worker, a background run) make and
+    # remove their sandboxes' workdirs in the shared one meanwhile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = workdirs()
     run("open('left.txt', 'w').write('x')")
@@ -658,7 +660,8 @@ def test_live_sandboxes_never_share_a_uid(mode: str) -> None:
 
 def test_concurrent_runs(mode: str) -> None:
     # each run reports when it ran, from inside the sandbox: runs that overlapped there held their uids at the same time
-    code = "import os, sys, time\nt0 = time.time()\ntime.sleep(0.02)\nprint(os.getuid(), sys.stdin.read(), t0, time.time())"
+    code = ("import os, sys, time\nt0 = time.time()\ntime.sleep(0.02)\nprint(os.getuid(), "
+            "sys.stdin.read(), t0, time.time())")
     calls: list[tuple[float, float, str, ExecResult]] = []
 
     def worker(n: int) -> None:
@@ -798,7 +801,8 @@ os.waitpid(child, 0)
 
 def test_fork_and_exit(isolation: str) -> None:
     script = FORKING
-    tmp = Path(tempfile.mkdtemp(prefix="fork-"))  # its workdirs apart from other processes' on this machine (a short path: sockets live there)
+    # its workdirs apart from other processes' on this machine (a short path: sockets live there)
+    tmp = Path(tempfile.mkdtemp(prefix="fork-"))
     tmp.chmod(0o1777)  # like /tmp: the sandbox's own user passes through it
     env = {**os.environ, "AFM_SANDBOX_POOL": "2", "TMPDIR": str(tmp)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)

@@ -94,11 +94,13 @@ def test_a_rollout_refuses_tasks_of_another_world_and_runs_those_of_its_own():
         with pytest.raises(ValueError) as refused: run()
         said = str(refused.value)
         print(said)
-        assert "48 of 48 tasks" in said and "(scale=1.0, seed=7)" in said and "(scale=1.0, seed=0)" in said and "\n" not in said
+        assert ("48 of 48 tasks" in said and "(scale=1.0, seed=7)" in said and "(scale=1.0, seed=0)" in said
+                and "\n" not in said)
     own = world_toolbox(seed=7)  # the tools of the tasks' world: they run
     episodes = rollout(engine, tasks[:2], own, cfg)
     assert [e.task_id for e in episodes] == [t.id for t in tasks[:2]]
     records = evaluate(engine, tasks[:2], own, cfg)
-    assert [r["task_id"] for r in records] == [t.id for t in tasks[:2]] and all(0.0 <= r["reward"] <= 1.0 for r in records)
+    assert [r["task_id"] for r in records] == [t.id for t in tasks[:2]] and all(0.0 <= r["reward"] <= 1.0
+                                                                                for r in records)
     math = suite_tasks(2, "test", ["gsm-symbolic"], seed=7)  # tasks of no world pass with any tools
     assert len(rollout(engine, math, box, cfg)) == 2

@@ -10,12 +10,14 @@ from afm.crawl import CrawlConfig
 from afm.search import Document, SearchConfig, SearchIndex
 from afm.tools import STATUSES, ReplayMiss, ToolBroken, ToolCache, ToolHealth, Toolbox
 
-PAGE = Document("https://world.example/wiki/Osmira", "Osmira", "Osmira is a harbour town. Its bridge opened in 1962.", "world")
+PAGE = Document("https://world.example/wiki/Osmira",
+                "Osmira", "Osmira is a harbour town. Its bridge opened in 1962.", "world")
 
 
 @pytest.fixture(scope="module")
 def index():
-    return SearchIndex.build([PAGE, Document("https://world.example/wiki/Keltan", "Keltan", "Keltan is a river.", "world")])
+    return SearchIndex.build([PAGE,
+                              Document("https://world.example/wiki/Keltan", "Keltan", "Keltan is a river.", "world")])
 
 
 class _Flaky(BaseHTTPRequestHandler):
@@ -25,9 +27,13 @@ class _Flaky(BaseHTTPRequestHandler):
     def log_message(self, *args): pass
 
     def do_GET(self):
-        status, body = (500, b"overloaded") if _Flaky.down else (200, b"<html><title>T</title><p>The bridge opened in 1962.</p></html>")
-        self.send_response(status); self.send_header("Content-Type", "text/html"); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
+        status, body = (500, b"overloaded") if _Flaky.down else (200, b"<html><title>T</title><p>The bridge "
+                                                                      b"opened in 1962.</p></html>")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture
@@ -64,7 +70,8 @@ def test_the_breaker_trips_on_a_failing_tool_and_recovers_when_it_does(index, fl
     with pytest.raises(ToolBroken, match="tried again"): box.session("q").call("crawl_page", f"{flaky}/page5")
     with pytest.raises(ToolBroken): box.session("q").call("crawl_page", f"{flaky}/page6")  # still cooling down
     time.sleep(0.6)
-    assert box.session("q").call("crawl_page", f"{flaky}/page7").status == "tool_error"  # the trial call fails: open again
+    # the trial call fails: open again
+    assert box.session("q").call("crawl_page", f"{flaky}/page7").status == "tool_error"
     with pytest.raises(ToolBroken): box.session("q").call("crawl_page", f"{flaky}/page8")
     _Flaky.down = False
     time.sleep(0.6)
@@ -86,7 +93,8 @@ def test_health_settings_are_validated(kwargs):
 
 def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
     path = tmp_path / "calls.sqlite"
-    box = Toolbox([SearchConfig(index=index), CrawlConfig(fetch_timeout_s=2)], online=True, cache=ToolCache(path, "record"))
+    box = Toolbox([SearchConfig(index=index), CrawlConfig(fetch_timeout_s=2)], online=True,
+                  cache=ToolCache(path, "record"))
     assert box.session("q").call("crawl_page", f"{flaky}/page").status == "tool_error"
     assert box.session("q").call("crawl_page", "ftp://world.example/nowhere").status == "bad_input"
     assert box.session("q").call("web_search", "harbour bridge").status == "ok"
@@ -98,7 +106,8 @@ def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
     assert replay.session("q").call("web_search", "harbour bridge").cached
     # an old recording that holds a failure: replayed as a miss, not as an answer
     box.cache._db.execute("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?)",
-                          (ToolCache.key("web_search", "old failure"), "web_search", "old failure", "timeout", "[FAILED] timed out", 0.0))
+                          (ToolCache.key("web_search", "old failure"), "web_search", "old failure",
+                           "timeout", "[FAILED] timed out", 0.0))
     with pytest.raises(ReplayMiss): replay.session("q").call("web_search", "old failure")
 
 
@@ -106,8 +115,8 @@ def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
 def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
     from afm.grading import grade
     from afm.tasks import Task
-    task = Task("demo/t", "Print 3.", ["print(3)"], "code", "demo", tests={"style": "stdio", "cases": [{"input": "", "output": "3\n"}]},
-                meta={"timeout_s": limit})
+    task = Task("demo/t", "Print 3.", ["print(3)"], "code", "demo",
+                tests={"style": "stdio", "cases": [{"input": "", "output": "3\n"}]}, meta={"timeout_s": limit})
     assert grade(task, "print(3)") == 1.0 and grade(task, "print(4)") == 0.0
 
 
@@ -124,7 +133,8 @@ def test_a_damaged_cache_is_named_when_opened(tmp_path):
     good = tmp_path / "calls.sqlite"
     c = ToolCache(good)
     for i in range(300): c.put("web_search", f"query {i}" * 20, "ok", "observation " * 50)
-    c._db.execute("PRAGMA wal_checkpoint(TRUNCATE)"); c.close()
+    c._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
     data = bytearray(good.read_bytes())
     data[len(data) // 2: len(data) // 2 + 4096] = b"\x5a" * 4096  # damage in the middle of the file
     good.write_bytes(bytes(data))
@@ -135,20 +145,24 @@ def test_a_busy_cache_is_a_miss_not_a_failed_call(index, tmp_path):
     import subprocess, sys
     path = tmp_path / "calls.sqlite"
     ToolCache(path).close()
-    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time\ndb = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
-                               "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(6)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sqlite3, time\ndb = sqlite3.connect({str(path)!r}, "
+                               "isolation_level=None)\n" "db.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); "
+                                                         "time.sleep(6)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         box = Toolbox([SearchConfig(index=index)], cache=ToolCache(path, busy_timeout_s=0.2))
         r = box.session("q").call("web_search", "harbour bridge")
         assert r.status == "ok" and "Osmira" in r.observation and box.cache.busy >= 1
     finally:
-        holder.kill(); holder.wait()
+        holder.kill()
+        holder.wait()
 
 
 def test_a_latin1_coding_cookie_does_not_garble_the_program():
     from afm.sandbox_run import run_python
-    for cookie in ("# coding: latin-1", "# -*- coding: iso-8859-1 -*-", "#!/usr/bin/env python\n# vim: set fileencoding=cp1252 :"):
+    for cookie in ("# coding: latin-1", "# -*- coding: iso-8859-1 -*-", "#!/usr/bin/env python\n# vim: set "
+                                                                        "fileencoding=cp1252 :"):
         r = run_python(f"{cookie}\nprint('café ünïcode')")
         assert r.status == "ok" and r.stdout == "café ünïcode\n", (cookie, r)
 
@@ -167,14 +181,16 @@ def test_deep_nesting_in_a_row_is_a_value_error_naming_it(tmp_path):
 def _one_tool_box(fn, **kwargs):
     from afm.coa import TAGS, TagRegistry
     from afm.tools import Tool, ToolRegistry
-    return Toolbox(registry=ToolRegistry(TagRegistry(TAGS), tools=[Tool("rude", fn, "a tool that misbehaves", **kwargs)]))
+    return Toolbox(registry=ToolRegistry(TagRegistry(TAGS),
+                                         tools=[Tool("rude", fn, "a tool that misbehaves", **kwargs)]))
 
 
 @pytest.mark.parametrize("result", [None, 42, 1.5, ["a"], b"raw bytes", {"k": "v"}, ("t",)])
 def test_a_result_that_is_not_text_is_the_tools_error(result):
     box = _one_tool_box(lambda text, ctx: result)
     r = box.session("q").call("rude", "x")
-    assert r.status == "tool_error" and r.observation == f"[FAILED] rude returned {type(result).__name__} instead of text"
+    assert (r.status == "tool_error"
+            and r.observation == f"[FAILED] rude returned {type(result).__name__} instead of text")
     assert box.health.table()["rude"]["tool_error"] == 1
 
 
@@ -198,7 +214,8 @@ def test_ctrl_c_still_stops_the_caller():
 
 @pytest.mark.parametrize("hang", ["sleeps", "forever"])
 def test_a_hung_tool_costs_its_caller_the_timeout_and_counts_once(hang):
-    fn = (lambda text, ctx: time.sleep(60) or "late") if hang == "sleeps" else (lambda text, ctx: threading.Event().wait())
+    fn = ((lambda text, ctx: time.sleep(60) or "late") if hang == "sleeps"
+          else (lambda text, ctx: threading.Event().wait()))
     box = _one_tool_box(fn)
     t0 = time.perf_counter()
     r = box.session("q").call("rude", "x", timeout_s=0.5)
@@ -215,4 +232,5 @@ def test_a_hung_program_is_the_inputs_timeout_not_the_tools():
 
 @pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), 1e9, "5", True])
 def test_a_bad_timeout_is_refused_naming_it(timeout_s):
-    with pytest.raises(ValueError, match="timeout_s"): _one_tool_box(lambda t, c: "ok").session("q").call("rude", "x", timeout_s=timeout_s)
+    with pytest.raises(ValueError, match="timeout_s"):
+        _one_tool_box(lambda t, c: "ok").session("q").call("rude", "x", timeout_s=timeout_s)

@@ -1,5 +1,5 @@
-"""The tools that speak HTTP, against real servers on localhost: the retrieval server (as `afm serve search`, a process of its
-own), page fetching, Serper's protocol and an OpenAI-compatible summariser."""
+"""The tools that speak HTTP, against real servers on localhost: the retrieval server (as `afm serve search`, a process
+of its own), page fetching, Serper's protocol and an OpenAI-compatible summariser."""
 import json
 import os
 import socket
@@ -22,7 +22,8 @@ from conftest import AFM
 @pytest.fixture(scope="module")
 def small_index(tmp_path_factory):
     docs = wiki_documents()[:500] + [Document("https://world.example/wiki/Varo_Keltan", "Varo Keltan",
-                                              "Varo Keltan is a fictional engineer. Keltan was born in Osmira in 1931.", "world")]
+                                              "Varo Keltan is a fictional engineer. Keltan was "
+                                              "born in Osmira in 1931.", "world")]
     path = tmp_path_factory.mktemp("idx") / "index"
     SearchIndex.build(docs).save(path)
     return path
@@ -52,9 +53,12 @@ class _Site(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/page.html":
             self._send(200, b"<html><head><title>Osmira</title><script>x()</script></head><body><nav>Home | About</nav>"
-                            b"<p>Osmira is a harbour town.</p><p>The Keltan bridge in Osmira opened in 1962.</p></body></html>")
+                            b"<p>Osmira is a harbour town.</p><p>The Keltan bridge in Osmira opened in "
+                            b"1962.</p></body></html>")
         elif self.path == "/doc.pdf": self._send(200, b"%PDF-1.4 ...", "application/pdf")
-        elif self.path == "/slow": time.sleep(3); self._send(200, b"<p>late</p>")
+        elif self.path == "/slow":
+            time.sleep(3)
+            self._send(200, b"<p>late</p>")
         elif self.path == "/huge": self._send(200, b"<p>" + b"word " * 1_000_000 + b"</p>")
         else: self._send(404, b"not found")
 
@@ -63,8 +67,9 @@ class _Site(BaseHTTPRequestHandler):
         if self.path == "/search":
             _Site.seen_keys.append(self.headers.get("X-API-KEY"))
             if body["q"] == "explode": return self._send(500, b"upstream error", "text/plain")
-            organic = [{"title": f"Result {i} for {body['q']}", "link": f"https://r{i}.example/", "snippet": f"snippet {i}",
-                        **({"date": "2024-01-02"} if i == 1 else {})} for i in range(1, body.get("num", 10) + 1)]
+            organic = [{"title": f"Result {i} for {body['q']}", "link": f"https://r{i}.example/",
+                        "snippet": f"snippet {i}", **({"date": "2024-01-02"} if i == 1 else {})}
+                       for i in range(1, body.get("num", 10) + 1)]
             return self._send(200, json.dumps({"organic": organic}).encode(), "application/json")
         if self.path == "/v1/chat/completions":
             if _Site.chat_failures > 0:
@@ -108,7 +113,8 @@ def test_retrieval_server_as_a_process(small_index):
         obs = box.session().call("wiki_search", "Varo Keltan").observation
         assert obs.startswith("Doc 1(Title: Varo Keltan)")
     finally:
-        proc.terminate(); proc.wait(10)
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_retrieval_client_against_a_dead_server():
@@ -139,15 +145,18 @@ def test_crawl_page_online_mixes_pages_and_errors(site, small_index):
     assert lines[2].startswith(f"Page 3 [{site}/slow] Error: timed out")
     r = s.call("crawl_page", f"{site}/slow")
     assert r.status == "timeout" and r.observation.startswith("[FAILED] Page 1")
-    offline = Toolbox([SearchConfig(index=SearchIndex.load(small_index))]).session().call("crawl_page", f"{site}/page.html")
-    assert offline.status == "bad_input" and "not in the local document store (offline)" in offline.observation  # the model's URL
+    offline = Toolbox([SearchConfig(index=SearchIndex.load(small_index))]).session().call(
+        "crawl_page", f"{site}/page.html")
+    # the model's URL
+    assert offline.status == "bad_input" and "not in the local document store (offline)" in offline.observation
 
 
 def test_serper_protocol(site):
     _Site.seen_keys.clear()
     serper = SerperSearch(api_key="k-123", endpoint=f"{site}/search")
     hits = serper.search("varo keltan", k=3)
-    assert [h.doc.title for h in hits] == [f"Result {i} for varo keltan" for i in (1, 2, 3)] and _Site.seen_keys == ["k-123"]
+    assert ([h.doc.title for h in hits] == [f"Result {i} for varo keltan" for i in (1, 2, 3)]
+            and _Site.seen_keys == ["k-123"])
     box = Toolbox([SearchConfig(serper=serper, index=SearchIndex.build([Document("u", "t", "x")]))], online=True)
     obs = box.session().call("web_search", "varo keltan").observation
     assert "1. [Result 1 for varo keltan](https://r1.example/)\nDate: 2024-01-02\nSnippet: snippet 1" in obs
@@ -166,7 +175,8 @@ def test_llm_summary_with_retries_and_timeouts(site, small_index):
     _Site.chat_failures = 5  # more 500s than retries: a clear error after the retries
     with pytest.raises(ToolError, match="no completion after 3 attempts.*HTTP 500"): llm_summary(ep, page, "bridge")
     _Site.chat_failures = 0
-    with pytest.raises(ToolError, match="timed out"): llm_summary(LLMClient(Endpoint(site, "tiny", timeout_s=0.5), retries=0), "SLOW", "x")
+    with pytest.raises(ToolError, match="timed out"):
+        llm_summary(LLMClient(Endpoint(site, "tiny", timeout_s=0.5), retries=0), "SLOW", "x")
     box = Toolbox([SearchConfig(index=SearchIndex.load(small_index)), CrawlConfig(summarizer=ep)], online=True)
     obs = box.session("When did the Keltan bridge open?").call("crawl_page", f"{site}/page.html").observation
     assert obs.startswith(f"Page 1 [{site}/page.html] Summary:") and "1962" in obs
@@ -175,7 +185,8 @@ def test_llm_summary_with_retries_and_timeouts(site, small_index):
 def test_summariser_client_from_env(monkeypatch):
     monkeypatch.delenv("AFM_LLM_BASE_URL", raising=False)
     assert LLMClient.from_env("AFM_LLM") is None
-    monkeypatch.setenv("AFM_LLM_BASE_URL", "http://127.0.0.1:9/v1"); monkeypatch.setenv("AFM_LLM_MODEL", "m")
+    monkeypatch.setenv("AFM_LLM_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("AFM_LLM_MODEL", "m")
     assert LLMClient.from_env("AFM_LLM")._slots[0].endpoint == Endpoint("http://127.0.0.1:9/v1", "m", "")
 
 
@@ -183,28 +194,34 @@ def test_serve_search_says_what_is_wrong_in_one_line(tmp_path, small_index):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"url": "u", "title": "t", "text": "x"}\n{"url": "u2", "title": 3, "text": "x"}\n')
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0)); busy.listen()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
         port = busy.getsockname()[1]
         for args, code, words in [(["--port", "99999"], 2, "--port must be from 0 to 65535"),
                                   (["--corpus", "/nonexistent.jsonl"], 1, "/nonexistent.jsonl"),
                                   (["--index", "/nonexistent"], 1, "/nonexistent"),
                                   (["--corpus", str(bad)], 1, "bad.jsonl:2"),
-                                  (["--index", str(small_index), "--port", str(port)], 1, f"cannot listen on 127.0.0.1:{port}")]:
+                                  (["--index", str(small_index), "--port", str(port)],
+                                   1, f"cannot listen on 127.0.0.1:{port}")]:
             r = subprocess.run([AFM, "serve", "search", *args], capture_output=True, text=True, timeout=120)
-            assert r.returncode == code and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-800:])
+            assert (r.returncode == code and words in r.stderr
+                    and len(r.stderr.strip().splitlines()) == 1), (args, r.stderr[-800:])
             assert "serving" not in r.stdout
 
 
 def test_serve_search_on_port_0_announces_the_real_port(small_index):
-    proc = subprocess.Popen([AFM, "serve", "search", "--index", str(small_index), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([AFM, "serve", "search", "--index", str(small_index), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         port = int(line.rsplit(":", 1)[1].split("/")[0])
         assert port > 0
         for _ in range(100):
             try:
-                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["documents"] == 501; break
+                assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["documents"] == 501
+                break
             except httpx.HTTPError: time.sleep(0.1)
         else: raise AssertionError("the announced port does not answer")
     finally:
-        proc.terminate(); proc.wait(10)
+        proc.terminate()
+        proc.wait(10)
