@@ -207,6 +207,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                           'afm.core._prefixed': ('core.html#_prefixed', 'afm/core.py'),
                           'afm.core._rows': ('core.html#_rows', 'afm/core.py'),
                           'afm.core._short': ('core.html#_short', 'afm/core.py'),
+                          'afm.core._under': ('core.html#_under', 'afm/core.py'),
                           'afm.core._value': ('core.html#_value', 'afm/core.py'),
                           'afm.core._within': ('core.html#_within', 'afm/core.py'),
                           'afm.core.cache_dir': ('core.html#cache_dir', 'afm/core.py'),

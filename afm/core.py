@@ -466,26 +466,30 @@ def _as_json(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 # %% ../nbs/00a_core.ipynb #c144c67d
+def _under(k: str, paths: tuple[str, ...]) -> bool: return k in paths or k.startswith(tuple(p + "." for p in paths))
+
+
 def identity_differences(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None,
-                         ) -> list[str]:
+                         dropped: Iterable[str] = ()) -> list[str]:
     """What differs between a recorded identity `there` and `here`, one `path: A there, B here` each, over dotted paths
-    (`args.lr`), in `here`'s order. Paths in `free` (or under them) may differ; a path `there` lacks counts as
-    `missing[path]` (a setting added since, at the value that run had), else as absent. A path only `there` has is no
-    difference: a setting the code has since dropped or moved (RL's decoding went from its args to its rollout's), or
-    a figure beside the identity in a finished record."""
-    a, b, missing, free = _flat(_as_json(there)), _flat(_as_json(here)), _as_json(missing or {}), tuple(free)
+    (`args.lr`). Paths in `free` (or under them) may differ; a path `there` lacks counts as `missing[path]` (a setting
+    added since, at the value that run had), else as absent; a path only `there` has differs too (a profile key removed
+    changes a run), unless it is under `dropped` (the fields of a settings dataclass, `args`: a field the code has
+    dropped or moved since, as RL's decoding moved from its args to its rollout's)."""
+    a, b, missing, free, dropped = (_flat(_as_json(there)), _flat(_as_json(here)), _as_json(missing or {}), tuple(free),
+                                    tuple(dropped))
     out = []
-    for k in b:
-        if k in free or k.startswith(tuple(f + "." for f in free)): continue
+    for k in [*b, *(k for k in a if k not in b and not _under(k, dropped))]:
+        if _under(k, free): continue
         old, new = a.get(k, missing.get(k, _ABSENT)), b.get(k, _ABSENT)
         if old != new: out.append(f"{k}: {_short(old)} there, {_short(new)} here")
     return out
 
 # %% ../nbs/00a_core.ipynb #2d213e65
 def identity_gap(there: dict, here: dict, free: Iterable[str] = (), missing: dict[str, Any] | None = None,
-                 most: int = 4) -> str | None:
+                 dropped: Iterable[str] = (), most: int = 4) -> str | None:
     "The `identity_differences` in one line (the first `most`, then how many more); None when nothing differs."
-    diff = identity_differences(there, here, free, missing)
+    diff = identity_differences(there, here, free, missing, dropped)
     if not diff: return None
     return "; ".join(diff[:most]) + (f" and {len(diff) - most} more" if len(diff) > most else "")
 
@@ -500,12 +504,13 @@ class RunFolder:
     """The folder `path` that holds one run: the identity that made it (`identity_file`, written when it starts), its
     checkpoints (`checkpoints/checkpoint-<step>`, complete once `complete_file` is in them) and the record it finished
     with (`done_file`), holding the identity under `identity_key` (or, when that is "", at its top level beside the
-    figures)."""
+    figures). Paths under `dropped` that only a recorded identity has are no difference (`identity_differences`)."""
     path: Path
     identity_file: str = "identity.json"
     done_file: str = "done.json"
     complete_file: str = "trainer_state.json"
     identity_key: str = "identity"
+    dropped: tuple[str, ...] = ()
 
     def __post_init__(self): self.path = Path(self.path)
 
@@ -528,7 +533,7 @@ class RunFolder:
         nothing)."""
         if not self.holds_work(): return None
         there = self.identity()
-        return "no identity recorded" if there is None else identity_gap(there, here, free, missing)
+        return "no identity recorded" if there is None else identity_gap(there, here, free, missing, self.dropped)
 
 # %% ../nbs/00a_core.ipynb #3eef1098
 def step_of(checkpoint: Path | str) -> int:
@@ -569,7 +574,7 @@ def finished(self: RunFolder, here: dict, free: Iterable[str] = (), missing: dic
     "The record the run finished with when it is this run (`here`, up to `free` and `missing` paths); else None."
     if (done := self.done_record()) is None: return None
     there = done.get(self.identity_key) if self.identity_key else {k: done[k] for k in here if k in done}
-    if not isinstance(there, dict) or identity_differences(there, here, free, missing): return None
+    if not isinstance(there, dict) or identity_differences(there, here, free, missing, self.dropped): return None
     return done
 
 # %% ../nbs/00a_core.ipynb #361645e9

@@ -444,7 +444,7 @@ _FREE = ("args.max_steps",)  # what may differ between resumes: a run is extende
 
 def _run_folder(out: Path) -> RunFolder:
     "An RL run's folder: its identity (`_identity`) in `args.json`, its figures in `rl.json` (the identity among them)."
-    return RunFolder(out, identity_file="args.json", done_file="rl.json")
+    return RunFolder(out, identity_file="args.json", done_file="rl.json", dropped=("args",))
 
 # %% ../nbs/10a_rl.ipynb #a1171d05
 def _mean(rows: list[dict], key: str) -> float | None:

@@ -156,7 +156,7 @@ def sft_folder(out: Path | str) -> RunFolder:
     """The run folder of a stage: its identity (`run_identity`) in `args.json` from the moment training starts, its
     figures in `sft.json` when it ends (the identity among them, at their top level), its checkpoints. A field
     `SFTArgs` has lost since a run is no difference: the identity holds settings and data, not the code."""
-    return RunFolder(out, identity_file="args.json", done_file="sft.json", identity_key="")
+    return RunFolder(out, identity_file="args.json", done_file="sft.json", identity_key="", dropped=("args",))
 
 # %% ../nbs/09b_sft.ipynb #cbf9f3e6
 # a field added to SFTArgs since a run was made counts at its default, the behaviour that run had (`missing`)
