@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 from fastcore.basics import patch
 
 from .core import check_fields, progress_bar
+from .kv_cache import KVSlots
 from .llm import TEMPERATURE, TOP_P
 
 # %% auto #0
@@ -225,7 +226,7 @@ def run(self: TransformersEngine, pull: Pull, done: Done) -> None:
     import torch
     active, waiting, count, closed = [], deque(), 0, False
     with self._lock, torch.inference_mode(), _evaluating(self.model):
-        batch = None  # (cache layers as [keys, values] lists, mask [B, T], last logits [B, V])
+        kv, logits = KVSlots(self.model, self.max_batch), None  # the batch's cache, and its next-token logits [B, V]
         while True:
             if not closed:
                 new = pull(not active and not waiting)
@@ -234,11 +235,11 @@ def run(self: TransformersEngine, pull: Pull, done: Done) -> None:
                     if (row := self._row(count, r, done)) is not None: waiting.append(row)
                     count += 1
             if closed and not active and not waiting: return
-            batch, active = self._admit(batch, active, waiting, done)
+            logits, active = self._admit(kv, logits, active, waiting, done)
             if not active: continue
-            finished = self._sample(active, batch[2])
-            if finished: batch, active = self._retire(batch, active, finished, done)
-            if active: batch = self._step(batch, active)
+            finished = self._sample(active, logits)
+            if finished: logits, active = self._retire(kv, logits, active, finished, done)
+            if active: logits = self._step(kv, active)
 
 # %% ../nbs/07_engine.ipynb #91b00910
 @contextmanager
@@ -264,22 +265,28 @@ def _row(self: TransformersEngine, index: int, req: Request, done: Done) -> _Row
 
 # %% ../nbs/07_engine.ipynb #d284b7a3
 @patch
-def _admit(self: TransformersEngine, batch, active: list[_Row], waiting: deque, done: Done):
-    """Waiting rows into the free rows of the batch, prefilled together; if that fails, one by one, so only a failing
-    row fails."""
+def _admit(self: TransformersEngine, kv: KVSlots, logits, active: list[_Row], waiting: deque, done: Done):
+    """Waiting rows into the free slots of the batch, prefilled together; if that fails, one by one, so only a failing
+    row fails. The batch's logits and rows after it."""
     joining = []
     while waiting and len(active) + len(joining) < self.max_batch:
         row = waiting.popleft()
         if row.req.is_cancelled: self._end(row, "cancelled", done)
         elif len(row.req.ids) >= self.context: self._end(row, "context", done)
         else: joining.append(row)
-    if not joining: return batch, active
-    try: return self._join(batch, joining), active + joining
+    if not joining: return logits, active
+    try: return _stack(logits, self._join(kv, joining)), active + joining
     except Exception: pass  # which row broke the joint prefill? each alone, below
     for row in joining:
-        try: batch, active = self._join(batch, [row]), active + [row]
+        try: logits, active = _stack(logits, self._join(kv, [row])), active + [row]
         except Exception as e: self._end(row, "error", done, f"the prompt cannot be prefilled: {reason(e)}")
-    return batch, active
+    return logits, active
+
+# %% ../nbs/07_engine.ipynb #47d8467d
+def _stack(logits, new):
+    "The batch's logits with the joining rows' below them."
+    import torch
+    return new if logits is None else torch.cat([logits, new])
 
 # %% ../nbs/07_engine.ipynb #ac447312
 @patch
@@ -290,34 +297,29 @@ def _end(self: TransformersEngine, row: _Row, finish: str, done: Done, error: st
 
 # %% ../nbs/07_engine.ipynb #37a51b2b
 @patch
-def _retire(self: TransformersEngine, batch, active: list[_Row], finished: list[_Row], done: Done):
-    "The rows that ended leave the batch (a completed one's cache is kept under its key) and are reported."
+def _retire(self: TransformersEngine, kv: KVSlots, logits, active: list[_Row], finished: list[_Row], done: Done):
+    """The rows that ended leave the batch and free their slots (a completed one's cache is kept under its key) and are
+    reported; the batch's logits and rows after it."""
     for row in finished:
-        if row.finish in ("stop", "length", "context"): self._keep(row, active.index(row), batch)
-    keep = [k for k, row in enumerate(active) if row not in finished]
-    active = [active[k] for k in keep]
-    batch = self._select(batch, keep) if active else None
+        if row.finish in ("stop", "length", "context"): self._keep(row, kv, active.index(row))
+    order = kv.free([active.index(row) for row in finished])
+    active, logits = [active[k] for k in order], (logits[order] if order else None)
     for row in finished: done(row.index, row.req, row.generation())
-    return batch, active
+    return logits, active
 
 # %% ../nbs/07_engine.ipynb #3e7a88d9
 @patch
-def _forward(self: TransformersEngine, ids, layers, mask, positions, new_mask=None):
-    "One forward pass over `ids` after the cached `layers` (`mask` covers them); the new cache, mask and last logits."
-    import torch
-    from transformers import DynamicCache
-    cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in layers]) if layers else None
-    step = torch.ones(ids.shape, dtype=mask.dtype, device=self.device) if new_mask is None else new_mask
-    full = torch.cat([mask, step], 1)
-    out = self.model(input_ids=ids, attention_mask=full, position_ids=positions, past_key_values=cache, use_cache=True,
+def _forward(self: TransformersEngine, ids, cache, mask, positions):
+    "One forward pass over `ids` that writes into `cache` (its columns covered by `mask`); the last logits."
+    out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                      logits_to_keep=1)  # the last position's logits only: a prefill needs no others
-    return [[layer.keys, layer.values] for layer in out.past_key_values.layers], full, out.logits[:, -1].float()
+    return out.logits[:, -1].float()
 
 # %% ../nbs/07_engine.ipynb #dc6bb741
 @patch
-def _join(self: TransformersEngine, batch, rows: list[_Row]):
-    """Prefill the joining rows in one forward pass, each from its key's cached prefix where the ids agree, and merge
-    them in."""
+def _join(self: TransformersEngine, kv: KVSlots, rows: list[_Row]):
+    """Prefill the joining rows in one forward pass in the next free slots, each from its key's cached prefix where the
+    ids agree; their logits."""
     import torch
     parts = []
     for row in rows:
@@ -326,70 +328,27 @@ def _join(self: TransformersEngine, batch, rows: list[_Row]):
         parts.append((row.req.ids[n:], hit[1] if n else None, n))
         row.prefilled = len(row.req.ids) - n
     L, N = max(n for _, _, n in parts), max(len(new) for new, _, _ in parts)
+    lo = kv.open(len(rows), L + N)
+    at = kv.end - N  # the new ids take the columns [at, end); the cached prefixes end at `at`
+    for j, (new, cached, n) in enumerate(parts): kv.enter(kv.n + j, cached, at - n, kv.end - len(new))
     ids = torch.tensor([[0] * (N - len(new)) + new for new, _, _ in parts], device=self.device)
-    new_mask = torch.tensor([[0] * (N - len(new)) + [1] * len(new) for new, _, _ in parts], device=self.device)
     positions = torch.tensor([[0] * (N - len(new)) + list(range(n, n + len(new))) for new, _, n in parts],
                              device=self.device)
-    mask = torch.tensor([[0] * (L - n) + [1] * n for _, _, n in parts], dtype=torch.long, device=self.device)
-    layers = _prefixes(parts, L) if L else None
-    return self._merge(batch, self._forward(ids, layers, mask, positions, new_mask))
-
-# %% ../nbs/07_engine.ipynb #8b9572a9
-def _prefixes(parts: list, L: int) -> list:
-    """The joining rows' cached prefixes as one cache, per layer `[keys, values]`, each left-padded to the longest, `L`
-    (a row without one is all padding there); `parts` holds each row's `(new ids, cached layers or None, length)`."""
-    import torch
-    F = torch.nn.functional
-    proto = next(kv for _, kv, _ in parts if kv is not None)
-    layers = []
-    for li, (k0, v0) in enumerate(proto):
-        ks, vs = [], []
-        for _, kv, n in parts:
-            if kv is None:
-                shape = (1, k0.shape[1], L, k0.shape[3])
-                ks.append(k0.new_zeros(shape))
-                vs.append(v0.new_zeros(shape))
-            else:
-                ks.append(F.pad(kv[li][0], (0, 0, L - n, 0)))
-                vs.append(F.pad(kv[li][1], (0, 0, L - n, 0)))
-        layers.append([torch.cat(ks), torch.cat(vs)])
-    return layers
-
-# %% ../nbs/07_engine.ipynb #86038d79
-@patch
-def _merge(self: TransformersEngine, batch, part):
-    "Two batches as one, the shorter left-padded to the longer's length."
-    import torch
-    if batch is None: return part
-    (blayers, bmask, blogits), (layers, mask, logits) = batch, part
-    T, L = bmask.shape[1], mask.shape[1]
-    pad = lambda x, n: torch.nn.functional.pad(x, (0, 0, n, 0)) if x.dim() == 4 else torch.nn.functional.pad(x, (n, 0))
-    if L < T: layers, mask = [[pad(k, T - L), pad(v, T - L)] for k, v in layers], pad(mask, T - L)
-    elif L > T: blayers, bmask = [[pad(k, L - T), pad(v, L - T)] for k, v in blayers], pad(bmask, L - T)
-    return ([[torch.cat([bk, k]), torch.cat([bv, v])] for (bk, bv), (k, v) in zip(blayers, layers)],
-            torch.cat([bmask, mask]), torch.cat([blogits, logits]))
-
-# %% ../nbs/07_engine.ipynb #30d01176
-@patch
-def _select(self: TransformersEngine, batch, keep: list[int]):
-    "The batch with only the rows `keep`, without the columns that are padding in all of them."
-    import torch
-    layers, mask, logits = batch
-    idx = torch.tensor(keep, device=self.device)
-    mask = mask[idx]
-    drop = int((mask.cumsum(1) == 0).sum(1).min())  # leading padding common to every row
-    return [[k[idx][:, :, drop:], v[idx][:, :, drop:]] for k, v in layers], mask[:, drop:], logits[idx]
+    rows_at = slice(kv.n, kv.n + len(rows))
+    logits = self._forward(ids, kv.view(rows_at, lo, at), kv.mask[rows_at, lo:kv.end], positions)
+    kv.joined(len(rows))
+    return logits
 
 # %% ../nbs/07_engine.ipynb #5c577fd3
 @patch
-def _step(self: TransformersEngine, batch, active: list[_Row]):
-    "Feed every row its newest token."
+def _step(self: TransformersEngine, kv: KVSlots, active: list[_Row]):
+    "Feed every row its newest token; the next logits."
     import torch
-    layers, mask, _ = batch
     ids = torch.tensor([[r.out[-1]] for r in active], device=self.device)
     positions = torch.tensor([[r.length] for r in active], device=self.device)
     for r in active: r.length += 1
-    return self._forward(ids, layers, mask, positions)
+    cache, mask = kv.step()
+    return self._forward(ids, cache, mask, positions)
 
 # %% ../nbs/07_engine.ipynb #47c1f022
 @patch
@@ -453,17 +412,14 @@ def _stop_string(self: TransformersEngine, row: _Row) -> str | None:
 
 # %% ../nbs/07_engine.ipynb #30d10686
 @patch
-def _keep(self: TransformersEngine, row: _Row, k: int, batch) -> None:
-    """Keep a finished row's cache under its key: the ids it covers are the prompt and all but the newest token. The
-    row's columns are those its mask attends: a row that joined from a cached prefix has padding between that prefix and
-    its new tokens, not only before them."""
+def _keep(self: TransformersEngine, row: _Row, kv: KVSlots, k: int) -> None:
+    """Keep a finished row's cache (slot `k`) under its key: the ids it covers are the prompt and all but the newest
+    token. The row's columns are those its mask attends: a row that joined from a cached prefix has padding between
+    that prefix and its new tokens, not only before them."""
     if row.req.key is None or self.max_cached == 0: return
-    layers, mask, _ = batch
-    cols = mask[k].nonzero()[:, 0]
     self._prefix.pop(row.req.key, None)
     while len(self._prefix) >= self.max_cached: self._prefix.pop(next(iter(self._prefix)))
-    self._prefix[row.req.key] = (row.req.ids + row.out[:-1],
-                                 [[kk[k:k + 1, :, cols].clone(), vv[k:k + 1, :, cols].clone()] for kk, vv in layers])
+    self._prefix[row.req.key] = (row.req.ids + row.out[:-1], kv.row(k))
 
 # %% ../nbs/07_engine.ipynb #ea2c9a45
 @patch
