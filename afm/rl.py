@@ -8,6 +8,7 @@ every step, and `afm rl`."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -210,6 +211,7 @@ class AgenticRollout:
         self.judge, self.runner = require_judge(list(self.tasks.values()), judge), runner
         self._engine: tuple[Any, Engine] | None = None
         self._ready: tuple[list[str], list[dict]] | None = None  # what `fill` rolled out for the step, for TRL next
+        self._signal = [0, 0]  # groups with signal and groups drawn by `fill` so far: the over-draw's measure
 
 # %% ../nbs/10a_rl.ipynb #b0127668
 @patch
@@ -280,17 +282,31 @@ def has_signal(rewards: Sequence[float | None]) -> bool:
 
 # %% ../nbs/10a_rl.ipynb #c9c2c4ba
 @patch
-def _draw(self: AgenticRollout, k: int, step: int, draw: int, rank: int = 0) -> list[str]:
-    "`k` task ids from the RL set, seeded by the run's seed, the step, the draw and the process."
-    rng = random.Random(self.seed(step, draw, rank))
-    return rng.sample(self.pool, k) if k <= len(self.pool) else [rng.choice(self.pool) for _ in range(k)]
+def _draw(self: AgenticRollout, k: int, step: int, draw: int, rank: int = 0,
+          drawn: Sequence[str] = ()) -> list[str]:
+    """`k` task ids from the RL set, seeded by the run's seed, the step, the draw and the process: tasks not `drawn`
+    yet this step while there are enough of them."""
+    rng, fresh = random.Random(self.seed(step, draw, rank)), [t for t in self.pool if t not in set(drawn)]
+    pool = fresh if len(fresh) >= k else self.pool
+    return rng.sample(pool, k) if k <= len(pool) else [rng.choice(pool) for _ in range(k)]
+
+# %% ../nbs/10a_rl.ipynb #5e552bb5
+@patch
+def overdraw(self: AgenticRollout, want: int) -> int:
+    """How many groups to draw beyond the step's `want` so that one rollout call usually fills it: as many as the share
+    of drawn groups with signal so far says are needed (none before the first measure, at most `max_draws` times
+    `want`, what the refills could draw)."""
+    kept, drawn = self._signal
+    if not drawn: return 0
+    return min(want * self.args.max_draws, math.ceil(want * drawn / max(kept, 1)) - want)
 
 # %% ../nbs/10a_rl.ipynb #5a7d59a3
 @patch
 def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
-    """DAPO's dynamic sampling over this process's rows (whole groups of `trainer.num_generations`): roll them out, keep
-    the groups with signal, refill the rest from the RL set (`max_draws` extra draws at most). Returns the rows TRL
-    trains on; their episodes wait for the `rollout_func` call that follows."""
+    """DAPO's dynamic sampling over this process's rows (whole groups of `trainer.num_generations`): roll them out with
+    as many more groups as the share with signal so far says the step needs (`overdraw`), in one call at the engine's
+    full batch; keep the groups with signal; refill what is still missing from the RL set (`max_draws` extra draws at
+    most). Returns the rows TRL trains on; their episodes wait for the `rollout_func` call that follows."""
     n, ids = trainer.num_generations, [r["prompt"] for r in rows]
     groups = [ids[i:i + n] for i in range(0, len(ids), n)]
     if len(ids) % n or any(len(set(g)) != 1 for g in groups):
@@ -298,6 +314,7 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
                          f"{ids[:2 * n]}…: make groups_per_step a multiple of the number of processes")
     step, want, rank = trainer.state.global_step, len(groups), trainer.accelerator.process_index
     todo, kept, spare, drawn, every, draw = [g[0] for g in groups], [], [], 0, [], 0
+    todo += self._draw(self.overdraw(want), step, 0, rank, todo)
     while True:
         eps = self._episodes(todo, n, trainer, self.seed(step, draw, rank))
         every += eps
@@ -307,7 +324,8 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
         drawn += len(todo)
         if len(kept) >= want or draw >= self.args.max_draws: break
         draw += 1
-        todo = self._draw(want - len(kept), step, draw, rank)
+        todo = self._draw(want - len(kept), step, draw, rank, [tid for tid, _ in kept + spare])
+    self._signal = [self._signal[0] + len(kept), self._signal[1] + drawn]
     chosen = kept[:want] + spare[:want - len(kept[:want])]
     self._ready = ([tid for tid, g in chosen for _ in g], [e for _, g in chosen for e in g])
     summed = 1 / trainer.accelerator.num_processes  # 1/n on each of n processes: the figure is the sum, not the mean

@@ -19,21 +19,26 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['bench_rl', 'cli_bench']
+__all__ = ['bench_rl', 'bench_commits', 'cli_bench']
 
 # %% ../nbs/10b_rl_bench.ipynb #50d8b632
-def _bench_steps(model, tokenizer, fn: AgenticRollout, out: Path) -> dict:
-    "A few RL steps of `fn.args`: seconds per step, the share of each phase, the rollout's sampled tokens/s in them."
-    trainer = rl_trainer(model, tokenizer, fn, fn.args, out, progress=False)
-    trainer.train()
-    h = read_health(out)
+def _step_figures(health: list[dict], episodes: int) -> dict:
+    """From an RL run's health log: seconds per step (after the first when there are more, which also builds the
+    engine), the share of each phase, and the rollout's sampled tokens/s."""
+    h = health[1:] if len(health) > 1 else health
     step_s = sum(r["step_time"] for r in h) / len(h)
     share = lambda k: round(sum(r[k] for r in h) / len(h) / step_s, 3)
-    episodes = fn.args.groups_per_step * fn.args.num_generations
     tokens_s = sum(r["episodes/sampled_tokens"] * episodes for r in h) / sum(r["time/rollout_s"] for r in h)
     return {"seconds_per_step": round(step_s, 3), "share_rollout": share("time/rollout_s"),
             "share_tool_wait": share("time/tool_wait_s"), "share_reward": share("time/reward_s"),
             "share_training": share("time/training_s"), "rl_tokens_per_s": tokens_s}
+
+# %% ../nbs/10b_rl_bench.ipynb #068f5c10
+def _bench_steps(model, tokenizer, fn: AgenticRollout, out: Path) -> dict:
+    "A few RL steps of `fn.args`: seconds per step, the share of each phase, the rollout's sampled tokens/s in them."
+    trainer = rl_trainer(model, tokenizer, fn, fn.args, out, progress=False)
+    trainer.train()
+    return _step_figures(read_health(out), fn.args.groups_per_step * fn.args.num_generations)
 
 # %% ../nbs/10b_rl_bench.ipynb #91fa513b
 def _bench_alone(model, tokenizer, fn: AgenticRollout, groups: int) -> tuple[list, float]:
@@ -89,6 +94,74 @@ def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: Roll
     return {"episodes_per_step": groups * generations, "steps": steps, **inside, "rl_tokens_per_s": round(rl_tokens_s),
             "alone_tokens_per_s": round(alone_tokens_s), "in_rl_vs_alone": round(rl_tokens_s / alone_tokens_s, 3),
             **turn}
+
+# %% ../nbs/10b_rl_bench.ipynb #83d5c078
+_DRIVER = """
+import dataclasses, json, resource, sys, tempfile
+s = json.loads(sys.argv[1])
+from afm.models import load
+from afm.rl import AgenticRollout, RLArgs, rl_tasks, rl_trainer
+from afm.rollout import RolloutConfig
+from afm.world import tool_sizes, world_toolbox
+try: from afm.rl_health import read_health
+except ImportError: from afm.rl import read_health
+def pick(cls, d): return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+model, tok = load(s["model"])
+args, cfg = pick(RLArgs, s["args"]), pick(RolloutConfig, s["rollout"])
+fn = AgenticRollout(rl_tasks(["world-atomic"], s["tasks"]), world_toolbox(tool_sizes(s["profile"])), cfg, args)
+out = tempfile.mkdtemp()
+rl_trainer(model, tok, fn, args, out, progress=False).train()
+keys = ("step_time", "time/rollout_s", "time/tool_wait_s", "time/reward_s", "time/training_s",
+        "episodes/sampled_tokens")
+health = [{k: r[k] for k in keys} for r in read_health(out)]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak}))
+"""  # what both sides run: only what the earlier code has too
+
+# %% ../nbs/10b_rl_bench.ipynb #145343ad
+def _run_side(tree: Path, settings: dict) -> dict:
+    "`_DRIVER` with the code of `tree` (a checkout): its step figures and peak memory, or a RuntimeError with its tail."
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(tree), "TRL_EXPERIMENTAL_SILENCE": "1", "TQDM_DISABLE": "1"}
+    p = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(settings)], env=env, cwd=tree, capture_output=True,
+                       text=True)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("AFM-BENCH ")), None)
+    if p.returncode or line is None:
+        raise RuntimeError(f"the RL steps with the code of {tree} failed: {(p.stderr or p.stdout)[-600:]}")
+    got = json.loads(line[len("AFM-BENCH "):])
+    episodes = settings["args"]["groups_per_step"] * settings["args"]["num_generations"]
+    return {**_step_figures(got["health"], episodes), "peak_memory_gb": round(got["peak_gb"], 2)}
+
+# %% ../nbs/10b_rl_bench.ipynb #8d836f3e
+def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", config: RolloutConfig | None = None,
+                  steps: int = 3, groups: int = 4, generations: int = 8, overrides: dict | None = None) -> dict:
+    """Seconds per RL step at the same work with this checkout's code and with `commit`'s (a git worktree), side by
+    side: each side's figures (`ours`, `then`) and `speedup` (their step times' ratio)."""
+    import dataclasses
+    import subprocess
+    import tempfile
+    import afm
+    root = Path(afm.__file__).resolve().parent.parent  # the checkout this code runs from
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
+    if git("rev-parse", "--verify", f"{commit}^{{commit}}").returncode:
+        raise ValueError(f"commit {commit!r} is not in the git history of {root} (a shallow clone? "
+                         "git fetch --unshallow)")
+    config = config or RolloutConfig()
+    args = {"max_steps": steps, "num_generations": generations, "groups_per_step": groups, "dynamic_sampling": False,
+            "report_to": "none", "save_steps": 10 ** 6, "temperature": config.temperature, "top_p": config.top_p}
+    base = {"model": str(Path(model_dir).resolve()), "profile": profile, "tasks": max(groups, 8),
+            "rollout": dataclasses.asdict(config), "args": args}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        if (made := git("worktree", "add", "--detach", str(tree), commit)).returncode:
+            raise RuntimeError(f"git worktree add {commit} failed: {made.stderr.strip()}")
+        try: then = _run_side(tree, base)
+        finally: git("worktree", "remove", "--force", str(tree))
+    ours = _run_side(root, {**base, "args": {**args, **(overrides or {})}})
+    return {"commit": commit, "episodes_per_step": groups * generations, "steps": steps, "ours": ours, "then": then,
+            "speedup": round(then["seconds_per_step"] / ours["seconds_per_step"], 2)}
 
 # %% ../nbs/10b_rl_bench.ipynb #fbe48bf8
 def cli_bench(argv: list[str] | None = None) -> int:
