@@ -81,8 +81,10 @@ def check_profile(params: dict[str, Any], nbs: Path | str, where: str, table: Se
 
 # %% ../nbs/12_reproduce.ipynb #cdff063f
 # chapter key -> the stage whose data (`data_dir`) it reads
-READS = {"sft": "distill", "sft_bench": "distill", "rl": "sft", "results": "rl"}
-READS_FROM = {"rl": "rl_sft_from"}  # the profile key naming another profile whose data it reads (empty: its own)
+READS = {"sft": "distill", "sft_bench": "distill", "rl_bench": "sft", "rl": "sft",
+         "results": "rl"}
+# the profile key naming another profile whose data it reads (empty: its own)
+READS_FROM = {"rl_bench": "rl_sft_from", "rl": "rl_sft_from"}
 
 
 def has_data(folder: Path) -> bool:

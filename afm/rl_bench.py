@@ -19,7 +19,7 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['bench_rl', 'bench_commits', 'cli_bench']
+__all__ = ['profile_step', 'bench_rl', 'check_commit', 'bench_commits', 'rl_bench_figures', 'cli_bench']
 
 # %% ../nbs/10b_rl_bench.ipynb #50d8b632
 def _step_figures(health: list[dict], episodes: int) -> dict:
@@ -77,14 +77,54 @@ def _bench_single_turn(model, tokenizer, prompts: list, config: RolloutConfig, g
             "ours_tokens_per_s": round(ours_tokens / ours_s), "trl_tokens_per_s": round(lib_tokens / lib_s),
             "ours_vs_trl_tokens_per_s": round((ours_tokens / ours_s) / (lib_tokens / lib_s), 2)}
 
+# %% ../nbs/10b_rl_bench.ipynb #df3b8347
+_PARTS = {  # part -> the functions (file ending, name) whose cumulative seconds it is
+    "rollout": [("afm/rl.py", "_episodes")], "engine": [("afm/engine.py", "run")],
+    "engine_forward": [("afm/engine.py", "_forward")], "engine_sampling": [("afm/engine.py", "_sample")],
+    "reward": [("afm/rl.py", "_row")], "loss": [("trl/trainer/grpo_trainer.py", "compute_loss")],
+    "logprobs": [("", "_get_per_token_logps_and_entropies")], "backward": [("torch/autograd/__init__.py", "backward")],
+    "optimizer": [("torch/optim/optimizer.py", "wrapper")]}
+_CACHE_FILES = ("afm/kv_cache.py", "transformers/cache_utils.py")  # KV-cache bookkeeping: their own seconds
+
+# %% ../nbs/10b_rl_bench.ipynb #d87fb79d
+def profile_step(model, tokenizer, fn: AgenticRollout, out: Path, step: int = 2) -> dict:
+    """Where the seconds of RL step `step` of `fn.args` go (Python's profiler over that step alone): seconds and share
+    of the step for each part of `_PARTS`, the KV cache's bookkeeping, and the rest (TRL, data, callbacks)."""
+    import cProfile
+    import pstats
+    from transformers import TrainerCallback
+    prof, wall = cProfile.Profile(), []
+    class Window(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step == step - 1:
+                wall.append(time.perf_counter())
+                prof.enable()
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == step:
+                prof.disable()
+                wall.append(time.perf_counter())
+    trainer = rl_trainer(model, tokenizer, fn, replace(fn.args, max_steps=step), out, progress=False)
+    trainer.add_callback(Window())
+    trainer.train()
+    stats, total = pstats.Stats(prof).stats, wall[1] - wall[0]
+    def cum(name):  # the largest cumulative time among the matching functions: an outer call holds the inner ones
+        return max((ct for (f, _, fn_), (_, _, _, ct, _) in stats.items()
+                    for end, want in _PARTS[name] if fn_ == want and f.endswith(end)), default=0.0)
+    seconds = {name: cum(name) for name in _PARTS}
+    seconds["kv_cache"] = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if f.endswith(_CACHE_FILES))
+    seconds["rest"] = max(0.0, total - sum(seconds[k] for k in ("rollout", "loss", "backward", "optimizer")))
+    return {"step_seconds": round(total, 3), **{f"{k}_s": round(v, 3) for k, v in seconds.items()},
+            **{f"{k}_share": round(v / total, 3) for k, v in seconds.items()}}
+
 # %% ../nbs/10b_rl_bench.ipynb #36cb16f9
 def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, steps: int = 3,
-             groups: int = 4, generations: int = 8, out: Path | str | None = None) -> dict:
-    "Seconds per RL step and its shares; the engine's tokens/s inside RL and alone; our rollout against TRL's (a turn)."
+             groups: int = 4, generations: int = 8, out: Path | str | None = None, args: RLArgs | None = None) -> dict:
+    """Seconds per RL step and its shares; the engine's tokens/s inside RL and alone; our rollout against TRL's (a
+    turn). `args`: the RL settings (a profile's), of which the steps, groups and episodes are replaced by these."""
     import tempfile
     out = Path(out or tempfile.mkdtemp())
-    args = RLArgs(max_steps=steps, num_generations=generations, groups_per_step=groups, dynamic_sampling=False,
-                  report_to="none", save_steps=10 ** 6)
+    args = replace(args or RLArgs(), **_same_work(steps, groups, generations))
+    if args.micro_batch and groups * generations % args.micro_batch: args = replace(args, micro_batch=0)  # one pass
     fn = AgenticRollout(tasks, box, config, args)
     inside = _bench_steps(model, tokenizer, fn, out / "steps")
     rl_tokens_s = inside.pop("rl_tokens_per_s")
@@ -95,20 +135,32 @@ def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: Roll
             "alone_tokens_per_s": round(alone_tokens_s), "in_rl_vs_alone": round(rl_tokens_s / alone_tokens_s, 3),
             **turn}
 
+# %% ../nbs/10b_rl_bench.ipynb #1d77a138
+def _same_work(steps: int, groups: int, generations: int) -> dict:
+    "The RL settings that make two runs do the same work: steps, groups and episodes, dynamic sampling off, no saves."
+    return {"max_steps": steps, "num_generations": generations, "groups_per_step": groups, "dynamic_sampling": False,
+            "report_to": "none", "save_steps": 10 ** 6}
+
 # %% ../nbs/10b_rl_bench.ipynb #83d5c078
 _DRIVER = """
 import dataclasses, json, resource, sys, tempfile
 s = json.loads(sys.argv[1])
+from afm.core import load_profile
 from afm.models import load
-from afm.rl import AgenticRollout, RLArgs, rl_tasks, rl_trainer
+from afm.rl import AgenticRollout, RLArgs, rl_args, rl_tasks, rl_trainer
 from afm.rollout import RolloutConfig
 from afm.world import tool_sizes, world_toolbox
 try: from afm.rl_health import read_health
 except ImportError: from afm.rl import read_health
-def pick(cls, d): return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+def known(cls, d): return {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
 model, tok = load(s["model"])
-args, cfg = pick(RLArgs, s["args"]), pick(RolloutConfig, s["rollout"])
-fn = AgenticRollout(rl_tasks(["world-atomic"], s["tasks"]), world_toolbox(tool_sizes(s["profile"])), cfg, args)
+args = dataclasses.replace(rl_args(load_profile(s["profile"])), **known(RLArgs, s["args"]))
+if args.micro_batch and args.groups_per_step * args.num_generations % args.micro_batch:  # a pass of them all
+    args = dataclasses.replace(args, micro_batch=0)
+cfg = RolloutConfig(**known(RolloutConfig, s["rollout"]))
+scale, seed = s["world"]
+fn = AgenticRollout(rl_tasks(["world-atomic"], s["tasks"], scale, seed),
+                    world_toolbox(tool_sizes(s["profile"]), scale, seed), cfg, args)
 out = tempfile.mkdtemp()
 rl_trainer(model, tok, fn, args, out, progress=False).train()
 keys = ("step_time", "time/rollout_s", "time/tool_wait_s", "time/reward_s", "time/training_s",
@@ -134,59 +186,108 @@ def _run_side(tree: Path, settings: dict) -> dict:
     episodes = settings["args"]["groups_per_step"] * settings["args"]["num_generations"]
     return {**_step_figures(got["health"], episodes), "peak_memory_gb": round(got["peak_gb"], 2)}
 
-# %% ../nbs/10b_rl_bench.ipynb #8d836f3e
-def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", config: RolloutConfig | None = None,
-                  steps: int = 3, groups: int = 4, generations: int = 8, overrides: dict | None = None) -> dict:
-    """Seconds per RL step at the same work with this checkout's code and with `commit`'s (a git worktree), side by
-    side: each side's figures (`ours`, `then`) and `speedup` (their step times' ratio)."""
-    import dataclasses
+# %% ../nbs/10b_rl_bench.ipynb #c679f4bd
+def _git():
+    "`git -C <this checkout> ...` as a function of its arguments."
     import subprocess
-    import tempfile
     import afm
     root = Path(afm.__file__).resolve().parent.parent  # the checkout this code runs from
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
-    if git("rev-parse", "--verify", f"{commit}^{{commit}}").returncode:
+    return lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
+
+# %% ../nbs/10b_rl_bench.ipynb #bb94b960
+def check_commit(commit: str) -> Path:
+    "The checkout this code runs from, or a ValueError when `commit` is not in its git history."
+    import afm
+    root = Path(afm.__file__).resolve().parent.parent
+    if _git()("rev-parse", "--verify", f"{commit}^{{commit}}").returncode:
         raise ValueError(f"commit {commit!r} is not in the git history of {root} (a shallow clone? "
                          "git fetch --unshallow)")
+    return root
+
+# %% ../nbs/10b_rl_bench.ipynb #8d836f3e
+def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", config: RolloutConfig | None = None,
+                  steps: int = 3, groups: int = 4, generations: int = 8) -> dict:
+    """Seconds per RL step at the same work with this checkout's code and with `commit`'s (a git worktree), side by
+    side, on `profile`'s world and settings: each side's figures (`ours`, `then`) and `speedup` (their step times'
+    ratio)."""
+    import dataclasses
+    import tempfile
+    from afm.world import profile_world
+    git, root = _git(), check_commit(commit)
     config = config or RolloutConfig()
-    args = {"max_steps": steps, "num_generations": generations, "groups_per_step": groups, "dynamic_sampling": False,
-            "report_to": "none", "save_steps": 10 ** 6, "temperature": config.temperature, "top_p": config.top_p}
-    base = {"model": str(Path(model_dir).resolve()), "profile": profile, "tasks": max(groups, 8),
-            "rollout": dataclasses.asdict(config), "args": args}
+    # the decoding as the earlier code took it too (RLArgs had it then)
+    args = {**_same_work(steps, groups, generations), "temperature": config.temperature, "top_p": config.top_p}
+    settings = {"model": str(Path(model_dir).resolve()), "profile": profile, "tasks": max(groups, 8),
+                "world": list(profile_world(profile)), "rollout": dataclasses.asdict(config), "args": args}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         if (made := git("worktree", "add", "--detach", str(tree), commit)).returncode:
             raise RuntimeError(f"git worktree add {commit} failed: {made.stderr.strip()}")
-        try: then = _run_side(tree, base)
+        try: then = _run_side(tree, settings)
         finally: git("worktree", "remove", "--force", str(tree))
-    ours = _run_side(root, {**base, "args": {**args, **(overrides or {})}})
+    ours = _run_side(root, settings)
     return {"commit": commit, "episodes_per_step": groups * generations, "steps": steps, "ours": ours, "then": then,
             "speedup": round(then["seconds_per_step"] / ours["seconds_per_step"], 2)}
 
-# %% ../nbs/10b_rl_bench.ipynb #fbe48bf8
-def cli_bench(argv: list[str] | None = None) -> int:
-    "`afm bench rl`: an RL step's seconds and shares, the engine inside RL and alone, our rollout against TRL's."
-    import argparse
-    from afm.fit import TINY_SYSTEM, tool_calling_tiny
+# %% ../nbs/10b_rl_bench.ipynb #e3a4e65e
+def rl_bench_figures(model_dir: Path | str, profile: str = "tiny", steps: int = 3, groups: int = 4,
+                     generations: int = 8, against: str | None = None, system: str | None = None) -> dict:
+    """The figures of `afm bench rl` and of this chapter's report for `profile` (its RL settings, decoding, world and
+    tools) on the model in `model_dir`: `bench_rl`, and with `against` `bench_commits` beside it."""
+    from afm.core import load_profile
+    from afm.models import load
+    from afm.rl import rl_args
     from afm.rollout import rollout_config
     from afm.world import profile_toolbox, profile_world
+    if against: check_commit(against)  # before any model loads
+    cfg = rollout_config(profile, "rl", system=system)  # RL's decoding (rl_* over rollout_* keys)
+    tasks = rl_tasks(["world-atomic"], max(groups, 8), *profile_world(profile))
+    model, tok = load(str(model_dir))
+    res = bench_rl(model, tok, tasks, profile_toolbox(profile), cfg, steps, groups, generations,
+                   args=rl_args(load_profile(profile)))
+    figures = {"seconds_per_step": res["seconds_per_step"],
+               **{k: res[k] for k in res if k.startswith("share_")}, "rl_sampled_tokens_per_s": res["rl_tokens_per_s"],
+               "engine_tokens_per_s": res["alone_tokens_per_s"], "rl_vs_engine": res["in_rl_vs_alone"],
+               "vs_trl_generation": res["ours_vs_trl_tokens_per_s"], "episodes_per_step": res["episodes_per_step"],
+               "steps": steps}
+    if against:
+        vs = bench_commits(model_dir, against, profile, cfg, steps, groups, generations)
+        figures |= {"peak_memory_gb": vs["ours"]["peak_memory_gb"], f"speedup_vs_{against}": vs["speedup"],
+                    "seconds_per_step_same_work": vs["ours"]["seconds_per_step"],
+                    f"seconds_per_step_{against}": vs["then"]["seconds_per_step"],
+                    f"peak_memory_gb_{against}": vs["then"]["peak_memory_gb"],
+                    f"share_training_{against}": vs["then"]["share_training"],
+                    f"rl_sampled_tokens_per_s_{against}": round(vs["then"]["rl_tokens_per_s"])}
+    return figures
+
+# %% ../nbs/10b_rl_bench.ipynb #fbe48bf8
+def cli_bench(argv: list[str] | None = None) -> int:
+    """`afm bench rl`: an RL step's seconds and shares, the engine inside RL and alone, our rollout against TRL's, and
+    with `--against` the same steps with an earlier commit's code."""
+    import argparse
+    import tempfile
+    from afm.fit import TINY_SYSTEM, tool_calling_tiny
+    from afm.models import save_model
     p = argparse.ArgumentParser(prog="afm bench rl", description=cli_bench.__doc__)
     p.add_argument("--model", default=None, help="a model folder (default: the small tool-calling model)")
     p.add_argument("--profile", default="tiny",
-                   help="the profile whose rollout limits and tool sizes apply (default: tiny)")
+                   help="the profile whose RL settings, rollout limits and tool sizes apply (default: tiny)")
     p.add_argument("--steps", type=int, default=3, help="RL steps measured (default 3)")
     p.add_argument("--groups", type=int, default=4, help="tasks per step (default 4)")
     p.add_argument("--generations", type=int, default=8, help="episodes per task (default 8)")
+    p.add_argument("--against", default=None, help="an earlier commit to time the same steps with (e.g. 6157d8f)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
     if min(a.steps, a.groups) < 1 or a.generations < 2:
         p.error("--steps and --groups must be at least 1, --generations at least 2")
-    if a.model:
-        from afm.models import load
-        (model, tok), system = load(a.model), None
-    else: (model, tok), system = tool_calling_tiny(), TINY_SYSTEM
-    cfg = rollout_config(a.profile, "rl", system=system)  # RL's decoding (rl_* over rollout_* keys)
-    tasks = rl_tasks(["world-atomic"], max(a.groups, 8), *profile_world(a.profile))  # the profile's world and its tools
-    res = bench_rl(model, tok, tasks, profile_toolbox(a.profile), cfg, a.steps, a.groups, a.generations)
-    print(json.dumps(res) if a.json else "\n".join(f"{k:>26}: {v}" for k, v in res.items()))
+    if a.against:
+        try: check_commit(a.against)
+        except ValueError as e: p.error(str(e))
+    with tempfile.TemporaryDirectory() as tmp:
+        # both sides of --against load the model from a folder
+        folder = a.model or save_model(*tool_calling_tiny(), Path(tmp) / "model")
+        try: res = rl_bench_figures(folder, a.profile, a.steps, a.groups, a.generations, a.against,
+                                    None if a.model else TINY_SYSTEM)
+        except ValueError as e: p.error(str(e))
+    print(json.dumps(res) if a.json else "\n".join(f"{k:>34}: {v}" for k, v in res.items()))
     return 0

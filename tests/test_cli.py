@@ -84,6 +84,20 @@ def test_bench_search_and_sandbox_print_side_by_side_figures(tmp_path):
     assert (tmp_path / "cache" / "index").is_dir()  # the default index was built once and cached
 
 
+def test_bench_rl_prints_its_figures_and_refuses_an_unknown_commit_first():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = lambda *a: subprocess.run([AFM, "bench", "rl", *a], capture_output=True, text=True, timeout=600, env=env)
+    bad = run("--against", "no-such-commit")
+    assert bad.returncode == 2 and "no-such-commit" in bad.stderr and "Loading" not in bad.stderr, bad.stderr[-500:]
+    r = run("--steps", "1", "--groups", "1", "--generations", "2", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["episodes_per_step"] == 2 and res["steps"] == 1
+    for k in ("seconds_per_step", "rl_sampled_tokens_per_s", "engine_tokens_per_s", "vs_trl_generation"):
+        assert res[k] > 0, k
+    assert 0 < res["share_rollout"] < 1 and 0 < res["share_training"] < 1
+
+
 def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys):
     """One case as a process of its own; the rest through the same entry point in this process (the same code,
     faster)."""
