@@ -93,6 +93,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("09c_sft_recipe", "sft_recipe", commands=("sft",), reports="sft"),
     Chapter("09d_sft_bench", "sft_bench", commands=("bench sft",)),
     Chapter("10_rl_health", "rl_health", pipeline=False),
+    Chapter("10_rl_train", "rl_train", pipeline=False),
     Chapter("10a_rl", "rl", pipeline=False, commands=("rl",)),
     Chapter("10b_rl_bench", "rl_bench", pipeline=False, commands=("bench rl",)),
     Chapter("10c_rl_study", "rl_study", reports="rl"),

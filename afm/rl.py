@@ -24,13 +24,13 @@ from .rl_health import GUARDS, GuardStop, health_callback, health_sums, keep_hea
 from .rollout import Episode, RolloutConfig, rollout, turn_seed
 from .tasks import Task, check_world
 from .tools import Toolbox
+from .rl_train import PackedGRPOTrainer
 from .training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
-from trl import GRPOTrainer
 
 # %% auto #0
 __all__ = ['RL_SUITES', 'CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty',
            'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer',
-           'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
+           'rl_batch', 'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
 
 # %% ../nbs/10a_rl.ipynb #bd45f9b6
 @dataclass(frozen=True)
@@ -43,9 +43,16 @@ class RLArgs:
     max_steps: int = field(default=20, metadata={"help": "optimiser steps"})
     num_generations: int = field(default=8, metadata={
         "help": "episodes per task: the group whose mean is the baseline"})
-    groups_per_step: int = field(default=4, metadata={"help": "tasks per optimiser step (over all processes)"})
+    groups_per_step: int = field(default=4, metadata={
+        "help": "tasks a generation rolls out (over all processes); its episodes are split over updates_per_generation "
+                "optimiser steps"})
+    updates_per_generation: int = field(default=1, metadata={
+        "help": "optimiser steps each generation feeds (DAPO's mini-batches, TRL's steps_per_generation): from the "
+                "second on the policy has moved, and the clipped ratio binds"})
     micro_batch: int = field(default=0, metadata={
-        "help": "episodes per forward/backward pass (0: a process's whole share of the step)"})
+        "help": "episodes per forward/backward pass (0: a process's whole share of an update, in one pass)"})
+    pack_tokens: int = field(default=4096, metadata={
+        "help": "tokens a packed row of the training pass holds (its memory grows with this, not with the episodes)"})
     epsilon: float = field(default=0.2, metadata={"help": "lower clip of the probability ratio"})
     epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO's clip-higher)"})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient against the starting model (DAPO: 0)"})
@@ -75,6 +82,12 @@ class RLArgs:
         "help": "stop when more than this share of a step's episodes failed the format"})
     guard_logprob_gap: float = field(default=0.05, metadata={
         "help": "stop when the mean sampler/trainer log-prob gap on sampled tokens passes this"})
+    guard_logprob_gap_max: float = field(default=1.0, metadata={
+        "help": "stop when one sampled token's sampler/trainer log-prob gap passes this (the correction's ratio is "
+                "capped at 3, e^1.1)"})
+    sampler_correction: bool = field(default=True, metadata={
+        "help": "reweight each sampled token's loss by the truncated ratio of the trainer's probability to the "
+                "sampler's (TRL's token_truncate importance sampling, in-process and on vLLM alike)"})
     vllm: bool = field(default=False, metadata={
         "help": "generate through vLLM colocated with the policy (GPUs, the gpu extra); TRL syncs its weights each "
                 "step and corrects for its log-probs"})
@@ -85,13 +98,14 @@ class RLArgs:
 
     def __post_init__(self):
         check_fields(self, ints={"warmup_steps": 0, "max_steps": 1, "num_generations": 2, "groups_per_step": 1,
-                                 "micro_batch": 0, "max_draws": 0, "overlong_buffer": 0, "lora_r": 1, "lora_alpha": 1,
+                                 "updates_per_generation": 1, "micro_batch": 0, "pack_tokens": 16,
+                                 "max_draws": 0, "overlong_buffer": 0, "lora_r": 1, "lora_alpha": 1,
                                  "save_steps": 1, "max_batch": 1, "seed": 0},
                      numbers={"learning_rate": "[0, 1]", "epsilon": "[0, 1]", "epsilon_high": "[0, 10]",
                               "beta": "[0, 10]",
                               "format_weight": "[0, 0.1]",
                               "guard_tool_failures": "[0, 1]", "guard_format_failures": "[0, 1]",
-                              "guard_logprob_gap": "[0, inf)"})
+                              "guard_logprob_gap": "[0, inf)", "guard_logprob_gap_max": "[0, inf)"})
         for name, known in (("scale_rewards", ("group", "batch", "none")), ("report_to", REPORTS)):
             if getattr(self, name) not in known:
                 raise ValueError(f"RLArgs.{name} = {getattr(self, name)!r}; use one of {', '.join(known)}")
@@ -148,8 +162,9 @@ def episode_reward(task: Task, ep: Episode, sample: int, config: RolloutConfig, 
     unscorable) and why it is not the plain grade."""
     from afm.evaluate import grade_episode
     from afm.grading import JudgeError
+    from afm.llm import BackendError
     try: rec = grade_episode(task, ep, sample, judge=judge, runner=runner)
-    except JudgeError as e:
+    except (JudgeError, BackendError) as e:  # no verdict, or the judge's endpoint failed: the environment's fault
         return _bare_record(task, ep, sample), None, f"unscorable: {e}"
     except Exception as e:  # a grader that raises scores 0 for this episode; the step goes on
         return _bare_record(task, ep, sample), 0.0, f"grader failed: {type(e).__name__}: {e}"[:300]
@@ -347,8 +362,7 @@ def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
         if len(prompts) % n or [p for p in firsts for _ in range(n)] != list(prompts):
             raise ValueError(f"rollout_func expects each prompt repeated num_generations = {n} times in a row; "
                              f"got {list(prompts)[:2 * n]}…")
-        seed = self.seed(trainer.state.global_step, 0, trainer.accelerator.process_index)
-        rows = self._episodes(firsts, n, trainer, seed)
+        rows = self._episodes(firsts, n, trainer, self.seed(trainer.state.global_step, 0))  # alike on any process
         zero = sum(not has_signal([e["reward"] for e in rows[i:i + n]]) for i in range(0, len(rows), n))
         log_health(trainer, {**health_sums(rows, CUT_ENDS),
                              "groups/drawn": (len(firsts), 1 / trainer.accelerator.num_processes),
@@ -358,8 +372,9 @@ def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
     return out
 
 # %% ../nbs/10a_rl.ipynb #d5db64eb
-class AgenticGRPOTrainer(GRPOTrainer):
-    "TRL's GRPO with dynamic sampling from `AgenticRollout.fill` and the sampler/trainer log-prob gap in its metrics."
+class AgenticGRPOTrainer(PackedGRPOTrainer):
+    """TRL's GRPO with the packed pass, the log-prob gap and the sampler correction of `PackedGRPOTrainer`, and dynamic
+    sampling from `AgenticRollout.fill`."""
 
     def _generate_and_score_completions(self, inputs):
         fn = self.rollout_func
@@ -367,28 +382,25 @@ class AgenticGRPOTrainer(GRPOTrainer):
             inputs = fn.fill(inputs, self)
         return super()._generate_and_score_completions(inputs)
 
-    def _compute_loss(self, model, inputs):
-        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
-        self._afm_gap = (inputs.get("sampling_per_token_logps"), mask)
-        try: return super()._compute_loss(model, inputs)
-        finally: self._afm_gap = None
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        pending, self._afm_gap = getattr(self, "_afm_gap", None), None
-        if pending is not None and pending[0] is not None:
-            import torch
-            sampled, mask = pending
-            gap = (out[0].detach() - sampled).abs()[mask.bool()]
-            worst = gap.max() if gap.numel() else gap.new_zeros(())
-            stats = torch.stack([gap.sum(), gap.new_tensor(gap.numel()), worst]).double()
-            if self.accelerator.num_processes > 1:
-                stats = self.accelerator.gather(stats[None]).view(-1, 3)
-                stats = torch.stack([stats[:, 0].sum(), stats[:, 1].sum(), stats[:, 2].max()])
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["logprob_gap/mean"].append((stats[0] / stats[1].clamp(min=1)).item())
-            self._metrics[mode]["logprob_gap/max"].append(stats[2].item())
-        return out
+# %% ../nbs/10a_rl.ipynb #91876d0f
+def rl_batch(args: RLArgs, world_size: int = 1) -> tuple[int, int, int]:
+    """`(micro-batch, micro-batches an update, micro-batches a generation)` on each of `world_size` processes, or a
+    one-line ValueError naming the setting the batch cannot be split by."""
+    if args.groups_per_step % world_size:
+        raise ValueError(f"rl_groups_per_step = {args.groups_per_step} must be a multiple of the {world_size} "
+                         "processes: each process holds whole groups")
+    local, mu = args.groups_per_step // world_size * args.num_generations, args.updates_per_generation
+    if local % mu:
+        raise ValueError(f"rl_updates_per_generation = {mu} must divide the {local} episodes each process generates "
+                         f"(rl_groups_per_step x rl_num_generations / {world_size} processes)")
+    if args.save_steps % mu:
+        raise ValueError(f"rl_save_steps = {args.save_steps} must be a multiple of rl_updates_per_generation = {mu}: "
+                         "a run resumes at a generation's start")
+    micro = args.micro_batch or local // mu
+    if local // mu % micro:
+        raise ValueError(f"rl_micro_batch = {args.micro_batch} must divide the {local // mu} episodes each process "
+                         "trains on per update")
+    return micro, local // mu // micro, local // micro
 
 # %% ../nbs/10a_rl.ipynb #ec1556a6
 def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: int = 1, quiet: bool = False):
@@ -402,24 +414,18 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
     if config.temperature <= 0:  # greedy groups are one episode repeated: no advantage to learn from
         raise ValueError(f"RL samples its episodes: rl_temperature (else rollout_temperature) = {config.temperature} "
                          "must be above 0")
-    if args.groups_per_step % world_size:
-        raise ValueError(f"rl_groups_per_step = {args.groups_per_step} must be a multiple of the {world_size} "
-                         "processes: each process holds whole groups")
-    local = args.groups_per_step // world_size * args.num_generations
-    micro = args.micro_batch or local
-    if local % micro:
-        raise ValueError(f"rl_micro_batch = {args.micro_batch} must divide the {local} episodes each process trains on "
-                         "per step")
+    micro, per_update, per_generation = rl_batch(args, world_size)
     check_reporter(args.report_to, "rl_report_to")
     return GRPOConfig(
         output_dir=str(Path(out) / "checkpoints"), max_steps=args.max_steps, learning_rate=args.learning_rate,
         lr_scheduler_type="constant_with_warmup", warmup_steps=args.warmup_steps, weight_decay=0.0,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=local // micro,
-        steps_per_generation=local // micro, num_generations=args.num_generations, num_iterations=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=per_update,
+        steps_per_generation=per_generation, num_generations=args.num_generations, num_iterations=1,
         max_completion_length=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         loss_type="dapo", epsilon=args.epsilon, epsilon_high=args.epsilon_high, beta=args.beta,
         scale_rewards=args.scale_rewards, mask_truncated_completions=False, use_vllm=args.vllm,
-        **({"vllm_mode": "colocate"} if args.vllm else {}), vllm_importance_sampling_correction=args.vllm,
+        **({"vllm_mode": "colocate"} if args.vllm else {}), vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_correction=args.vllm and args.sampler_correction,
         logging_steps=1, save_strategy="steps", save_steps=args.save_steps,
         save_only_model=False, report_to=[] if args.report_to == "none" else [args.report_to], bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing, seed=args.seed, data_seed=args.seed, disable_tqdm=quiet,
@@ -441,7 +447,8 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
     data = datasets.Dataset.from_dict({"prompt": rollout_fn.pool})
     trainer = AgenticGRPOTrainer(model=model, reward_funcs=[coa_reward], train_dataset=data, processing_class=tokenizer,
                                  args=rl_config(args, out, rollout_fn.config, world, quiet), peft_config=peft,
-                                 rollout_func=rollout_fn)
+                                 rollout_func=rollout_fn, pack_tokens=args.pack_tokens,
+                                 sampler_correction=args.sampler_correction)
     trainer.add_callback(health := health_callback(out, {key: getattr(args, key) for key in GUARDS.values()}))
     trainer.afm_health = health
     if quiet: trainer.remove_callback(PrinterCallback)
@@ -486,6 +493,7 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     args, out, config = args or RLArgs(), Path(out), config or RolloutConfig()
     if (model is None) != (tokenizer is None):
         raise ValueError("train_rl: pass model and tokenizer together, or neither")
+    rl_batch(args, int(os.environ.get("WORLD_SIZE", "1")))  # a batch that cannot split: refused before anything loads
     rollout_fn = AgenticRollout(tasks, toolbox, config, args, judge, runner)
     identity = _identity(args, config, rollout_fn)
     folder = _run_folder(out)
@@ -517,11 +525,12 @@ def _finish(trainer, args: RLArgs, out: Path, identity: dict, last: Path | None,
     figures = {"identity": identity, "steps": trainer.state.global_step,
                "resumed_from": Path(last).name if last else None,
                "seconds": round(time.perf_counter() - t0, 1), "world_size": acc.num_processes,
-               "seconds_per_step": _mean(health, "step_time"),
+               "seconds_per_step": _mean(health, "step_time"), "updates_per_generation": args.updates_per_generation,
+               "clip_ratio": _mean(health, "clip_ratio/region_mean"),
                "logprob_gap_max": max((h["logprob_gap/max"] or 0.0 for h in health), default=None),
                "groups_drawn_per_step": _mean(health, "groups/drawn"),
                "reward_first": health[0]["reward"] if health else None,
-               "reward_last": health[-1]["reward"] if health else None}
+               "reward_last": next((h["reward"] for h in health[::-1] if h["reward"] is not None), None)}
     if acc.is_main_process:
         save_model(final, tokenizer, out / "model", {"rl": {k: v for k, v in figures.items() if k != "identity"}})
         (out / "rl.json").write_text(json.dumps(figures, indent=2))

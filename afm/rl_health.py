@@ -48,7 +48,8 @@ HEALTH = ("step", "reward", "reward_std", "frac_reward_zero_std", "groups/drawn"
           "groups/without_signal_trained", "episodes/grade", "episodes/sampled_tokens", "episodes/tool_calls",
           "episodes/tool_failure_rate", "episodes/format_failure_rate", "episodes/cut_rate", "episodes/unscorable_rate",
           "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "logprob_gap/mean",
-          "logprob_gap/max", "grad_norm", "learning_rate", "loss", "step_time", "time/rollout_s", "time/tool_wait_s",
+          "logprob_gap/max", "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max",
+          "grad_norm", "learning_rate", "loss", "step_time", "time/rollout_s", "time/tool_wait_s",
           "time/tool_s", "time/reward_s", "time/training_s")
 
 # %% ../nbs/10_rl_health.ipynb #33e3c743
@@ -77,7 +78,7 @@ def keep_health(path: Path, step: int) -> None:
 
 # %% ../nbs/10_rl_health.ipynb #f87e2534
 GUARDS = {"episodes/tool_failure_rate": "guard_tool_failures", "episodes/format_failure_rate": "guard_format_failures",
-          "logprob_gap/mean": "guard_logprob_gap"}
+          "logprob_gap/mean": "guard_logprob_gap", "logprob_gap/max": "guard_logprob_gap_max"}
 
 
 class GuardStop(RuntimeError):
@@ -112,7 +113,7 @@ def health_callback(out: Path, thresholds: dict[str, float]):
 
         def on_log(self, targs, state, control, logs=None, **kw):
             logs = dict(logs or {})
-            if "reward" not in logs: return  # the end-of-training summary, not a step
+            if "reward" not in logs and "loss" not in logs: return  # the end-of-training summary, not a step
             if "step_time" in logs:
                 waits = sum(logs.get(k, 0.0) for k in ("time/rollout_s", "time/reward_s"))
                 logs["time/training_s"] = logs["step_time"] - waits

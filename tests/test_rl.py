@@ -1,5 +1,6 @@
-"""`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes, the guard
-stopping a run whose search service goes down, and bad settings refused in one line before anything trains."""
+"""`afm rl` and `train_rl` as a user runs them: a run killed mid-way and resumed, a run on two processes against one,
+bfloat16 training corrected for fp32 sampling, the guard stopping a run whose search service goes down, and bad
+settings refused in one line before anything trains."""
 import json
 import signal
 import subprocess
@@ -112,15 +113,63 @@ def test_a_run_cut_short_or_extended_from_its_checkpoints(setup):
             and [r["step"] for r in read_health(longer)] == [1, 2, 3, 4, 5])
 
 
-def test_two_processes_end_with_the_same_weights(setup):
-    out = setup / "ddp"
+def test_two_processes_end_with_the_weights_of_one(setup):
+    """The same run (settings, tasks, seeds) on one process and on two, one group each: every rank ends with the same
+    weights, and they are the one process's, up to float rounding. A group samples the same episodes whichever process
+    rolls it out, and the packed passes' gradients, averaged over the processes, are the one process's. Dynamic
+    sampling is off: its refills are drawn by each process for itself. A small learning rate: Adam divides each
+    gradient by its own size, so a weight whose gradient is near 0 moves by up to the learning rate on float rounding
+    (at 1e-3 that was 1.3e-5 apart)."""
+    from afm.rl import cli_rl
+    steps = ["--max_steps", "2", "--dynamic_sampling", "false", "--learning_rate", "0.0001"]
+    one, two = setup / "one", setup / "ddp"
+    assert cli_rl(_cmd(setup, one, *steps)[2:]) == 0
     cmd = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", *_cmd(setup, out, "--max_steps", "2")]
+           "no", "--dynamo_backend", "no", *_cmd(setup, two, *steps)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    done = json.loads((out / "rl.json").read_text())
-    ranks = [(out / f"rank{i}.sha256").read_text() for i in range(2)]
+    done = json.loads((two / "rl.json").read_text())
+    ranks = [(two / f"rank{i}.sha256").read_text() for i in range(2)]
     assert done["world_size"] == 2 and done["steps"] == 2 and ranks[0] == ranks[1]
+    a, b, start = _weights(two / "model"), _weights(one / "model"), _weights(setup / "model")
+    moved = max(float((b[n] - start[n]).abs().max()) for n in b)
+    apart = max(float((a[n] - b[n]).abs().max()) for n in a)
+    assert moved > 1e-4 and apart < 1e-5, (moved, apart)  # trained, and the same training
+
+
+def test_bf16_training_against_fp32_sampling_is_corrected(setup):
+    """`smol` trains under bfloat16 autocast and samples in fp32 (its log-prob gap reached 0.40 on a token): the
+    trainer's log-probs are not the sampler's. In-process the loss on each token is reweighted by TRL's truncated ratio
+    of the two (as TRL does on its vLLM path): in fp32 the ratio is 1 to rounding, in bf16 it moves off 1, and the gap
+    stays under the guard's thresholds."""
+    from afm.rl import RLArgs, cli_rl
+    from afm.rl_health import read_health
+    lo, hi = "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"
+    runs = {}
+    for name, extra in (("fp32", []), ("bf16", ["--bf16", "true"])):
+        assert cli_rl(_cmd(setup, setup / f"precision-{name}", "--max_steps", "1", *extra)[2:]) == 0
+        runs[name] = read_health(setup / f"precision-{name}")[0]
+    fp32, bf16, limits = runs["fp32"], runs["bf16"], RLArgs()
+    assert fp32["logprob_gap/max"] < 1e-4 and 1 - 1e-4 < fp32[lo] <= fp32[hi] < 1 + 1e-4, fp32
+    assert bf16["logprob_gap/max"] > 1e-3 and (bf16[lo] < 1 - 1e-3 or bf16[hi] > 1 + 1e-3), bf16  # corrected
+    assert (bf16["logprob_gap/max"] < limits.guard_logprob_gap_max
+            and bf16["logprob_gap/mean"] < limits.guard_logprob_gap), bf16
+    assert not (setup / "precision-bf16" / "guard.json").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--updates_per_generation", "3"], "rl_updates_per_generation = 3 must divide the 8 episodes"),
+    (["--updates_per_generation", "2", "--micro_batch", "3"], "rl_micro_batch = 3 must divide the 4 episodes"),
+    (["--updates_per_generation", "4", "--save_steps", "2"], "rl_save_steps = 2 must be a multiple"),
+    (["--micro_batch", "3"], "rl_micro_batch = 3 must divide the 8 episodes")])
+def test_a_batch_that_cannot_split_is_refused_before_the_model_loads(setup, tmp_path, capsys, args, says):
+    from afm.rl import cli_rl
+    argv = _cmd(setup, tmp_path / "bad", "--max_steps", "4", *args)[2:]
+    argv[argv.index("--model") + 1] = str(tmp_path / "no model")  # a model that cannot load: the batch is refused first
+    assert cli_rl(argv) == 1
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip() and "it/s" not in l]
+    assert len(lines) == 1 and lines[0].startswith("afm rl: ValueError:") and says in lines[0], lines
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_guard_stops_a_run_whose_search_service_goes_down(setup, tmp_path):
