@@ -778,6 +778,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.rl_study._plot_test': ('rl_study.html#_plot_test', 'afm/rl_study.py'),
                               'afm.rl_study.behaviour_tables': ('rl_study.html#behaviour_tables', 'afm/rl_study.py'),
                               'afm.rl_study.choose_on_val': ('rl_study.html#choose_on_val', 'afm/rl_study.py'),
+                              'afm.rl_study.choose_updates': ('rl_study.html#choose_updates', 'afm/rl_study.py'),
                               'afm.rl_study.found_figures': ('rl_study.html#found_figures', 'afm/rl_study.py'),
                               'afm.rl_study.graded': ('rl_study.html#graded', 'afm/rl_study.py'),
                               'afm.rl_study.health_figures': ('rl_study.html#health_figures', 'afm/rl_study.py'),

@@ -20,8 +20,9 @@ from .tools import Toolbox
 
 # %% auto #0
 __all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'train_seeds', 'rl_candidates', 'graded', 'overall', 'Choice',
-           'choose_on_val', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms', 'behaviour_tables',
-           'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
+           'choose_on_val', 'choose_updates', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms',
+           'behaviour_tables', 'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict',
+           'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -116,6 +117,27 @@ def choose_on_val(study: SeedsStudy, seeds: Sequence[int], val_tasks: Sequence[T
         chosen[seed] = candidates[choose(list(candidates), val)]
         scores[seed] = {c: overall(v) for c, v in val.items()}
     return Choice(chosen, scores, sft)
+
+# %% ../nbs/10c_rl_study.ipynb #7c1d5e21
+def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites: Sequence[str], per_suite: int,
+                   val_tasks: Sequence[Task]) -> dict:
+    """`updates_per_generation` chosen on `val_tasks` by success an hour: per value of `choices` a run of `steps` steps
+    (rounded up to whole generations) from the study's start, seed 0, in `root/mu<μ>`; its final model scored on val;
+    the val gain over the start per hour of the run. The runs' figures by μ, the start's val score and the choice."""
+    from afm.core import load_profile
+    from afm.rollout import rollout_config
+    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
+    tasks, config = rl_tasks(suites, per_suite, *study.world), rollout_config(study.profile, "rl", system=study.system)
+    start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
+    for mu in choices:
+        n = -(-steps // mu) * mu
+        args = rl_args(prof, max_steps=n, save_steps=n, updates_per_generation=mu, seed=0, model=str(study.start),
+                       **small)
+        run = train_rl(tasks, study.root / f"mu{mu}", args, config, study.box, progress=False)
+        val = overall(graded(study, f"mu{mu}/val_final", study.root / f"mu{mu}" / "model", val_tasks))
+        runs[mu] = {"steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"], "val": val,
+                    "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
+    return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda mu: runs[mu]["val_gain_per_hour"])}
 
 # %% ../nbs/10c_rl_study.ipynb #23611826
 class Tested(NamedTuple):
