@@ -113,13 +113,13 @@ class RLArgs:
 # %% ../nbs/10a_rl.ipynb #304a2878
 def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
     """Profile `profile`'s `RLArgs` (keys `rl_<field>`; the shared `seed` unless `rl_seed` is set), then `overrides`.
-    Its other `rl_*` keys must be the chapter's parameters or `RolloutConfig`'s fields (any outside a clone)."""
+    Its other `rl_*` keys must be the RL chapters' parameters or `RolloutConfig`'s fields (any outside a clone)."""
     from dataclasses import fields
     from afm.core import chapter_keys, check_value, profile_config
     shared = {"seed": check_value(RLArgs, "seed", profile["seed"], f"{where}: seed")} \
         if "seed" in profile and "rl_seed" not in profile else {}
-    own = chapter_keys("rl", "rl_")
-    known = None if own is None else own | {f"rl_{f.name}" for f in fields(RolloutConfig)}
+    own, bench = chapter_keys("rl", "rl_"), chapter_keys("rl_bench", "rl_")  # the study's keys and the benchmark's
+    known = None if own is None else own | bench | {f"rl_{f.name}" for f in fields(RolloutConfig)}
     return profile_config(RLArgs, profile, "rl_", where=where, known=known, **{**shared, **overrides})
 
 # %% ../nbs/10a_rl.ipynb #0b301f5e

@@ -19,7 +19,7 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['profile_step', 'bench_rl', 'check_commit', 'bench_commits', 'rl_bench_figures', 'cli_bench']
+__all__ = ['bench_rl', 'check_commit', 'bench_commits', 'rl_bench_figures', 'cli_bench']
 
 # %% ../nbs/10b_rl_bench.ipynb #50d8b632
 def _step_figures(health: list[dict], episodes: int) -> dict:
@@ -78,43 +78,13 @@ def _bench_single_turn(model, tokenizer, prompts: list, config: RolloutConfig, g
             "ours_vs_trl_tokens_per_s": round((ours_tokens / ours_s) / (lib_tokens / lib_s), 2)}
 
 # %% ../nbs/10b_rl_bench.ipynb #df3b8347
-_PARTS = {  # part -> the functions (file ending, name) whose cumulative seconds it is
+_PARTS = {  # part of a step -> the functions (file ending, name) whose cumulative seconds it is, in both commits
     "rollout": [("afm/rl.py", "_episodes")], "engine": [("afm/engine.py", "run")],
     "engine_forward": [("afm/engine.py", "_forward")], "engine_sampling": [("afm/engine.py", "_sample")],
     "reward": [("afm/rl.py", "_row")], "loss": [("trl/trainer/grpo_trainer.py", "compute_loss")],
     "logprobs": [("", "_get_per_token_logps_and_entropies")], "backward": [("torch/autograd/__init__.py", "backward")],
     "optimizer": [("torch/optim/optimizer.py", "wrapper")]}
-_CACHE_FILES = ("afm/kv_cache.py", "transformers/cache_utils.py")  # KV-cache bookkeeping: their own seconds
-
-# %% ../nbs/10b_rl_bench.ipynb #d87fb79d
-def profile_step(model, tokenizer, fn: AgenticRollout, out: Path, step: int = 2) -> dict:
-    """Where the seconds of RL step `step` of `fn.args` go (Python's profiler over that step alone): seconds and share
-    of the step for each part of `_PARTS`, the KV cache's bookkeeping, and the rest (TRL, data, callbacks)."""
-    import cProfile
-    import pstats
-    from transformers import TrainerCallback
-    prof, wall = cProfile.Profile(), []
-    class Window(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            if state.global_step == step - 1:
-                wall.append(time.perf_counter())
-                prof.enable()
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == step:
-                prof.disable()
-                wall.append(time.perf_counter())
-    trainer = rl_trainer(model, tokenizer, fn, replace(fn.args, max_steps=step), out, progress=False)
-    trainer.add_callback(Window())
-    trainer.train()
-    stats, total = pstats.Stats(prof).stats, wall[1] - wall[0]
-    def cum(name):  # the largest cumulative time among the matching functions: an outer call holds the inner ones
-        return max((ct for (f, _, fn_), (_, _, _, ct, _) in stats.items()
-                    for end, want in _PARTS[name] if fn_ == want and f.endswith(end)), default=0.0)
-    seconds = {name: cum(name) for name in _PARTS}
-    seconds["kv_cache"] = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if f.endswith(_CACHE_FILES))
-    seconds["rest"] = max(0.0, total - sum(seconds[k] for k in ("rollout", "loss", "backward", "optimizer")))
-    return {"step_seconds": round(total, 3), **{f"{k}_s": round(v, 3) for k, v in seconds.items()},
-            **{f"{k}_share": round(v / total, 3) for k, v in seconds.items()}}
+_CACHE_FILES = ["afm/kv_cache.py", "transformers/cache_utils.py"]  # KV-cache bookkeeping: their own seconds
 
 # %% ../nbs/10b_rl_bench.ipynb #36cb16f9
 def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, steps: int = 3,
@@ -143,7 +113,8 @@ def _same_work(steps: int, groups: int, generations: int) -> dict:
 
 # %% ../nbs/10b_rl_bench.ipynb #83d5c078
 _DRIVER = """
-import dataclasses, json, resource, sys, tempfile
+import cProfile, dataclasses, json, pstats, resource, sys, tempfile, time
+from transformers import TrainerCallback
 s = json.loads(sys.argv[1])
 from afm.core import load_profile
 from afm.models import load
@@ -161,22 +132,41 @@ cfg = RolloutConfig(**known(RolloutConfig, s["rollout"]))
 scale, seed = s["world"]
 fn = AgenticRollout(rl_tasks(["world-atomic"], s["tasks"], scale, seed),
                     world_toolbox(tool_sizes(s["profile"]), scale, seed), cfg, args)
-out = tempfile.mkdtemp()
-rl_trainer(model, tok, fn, args, out, progress=False).train()
+out, prof, wall = tempfile.mkdtemp(), cProfile.Profile(), []
+class FirstStep(TrainerCallback):  # the profiler over the first step alone
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == 0:
+            wall.append(time.perf_counter())
+            prof.enable()
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 1:
+            prof.disable()
+            wall.append(time.perf_counter())
+trainer = rl_trainer(model, tok, fn, args, out, progress=False)
+trainer.add_callback(FirstStep())
+trainer.train()
+stats = pstats.Stats(prof).stats
+def cum(fns):  # the largest cumulative seconds among the matching functions: an outer call holds the inner ones
+    return max((ct for (f, _, name), (_, _, _, ct, _) in stats.items() for end, want in fns
+                if name == want and f.endswith(end)), default=0.0)
+parts = {k: cum(v) for k, v in s["parts"].items()}
+parts["kv_cache"] = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if f.endswith(tuple(s["cache_files"])))
 keys = ("step_time", "time/rollout_s", "time/tool_wait_s", "time/reward_s", "time/training_s",
         "episodes/sampled_tokens")
 health = [{k: r[k] for k in keys} for r in read_health(out)]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
-print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak}))
+print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak, "profile": parts, "profiled_s": wall[1] - wall[0]}))
 """  # what both sides run: only what the earlier code has too
 
 # %% ../nbs/10b_rl_bench.ipynb #145343ad
 def _run_side(tree: Path, settings: dict) -> dict:
-    "`_DRIVER` with the code of `tree` (a checkout): its step figures and peak memory, or a RuntimeError with its tail."
+    """`_DRIVER` with the code of `tree` (a checkout): its step figures, peak memory and the profiled step's breakdown,
+    or a RuntimeError with its tail."""
     import os
     import subprocess
     import sys
     env = {**os.environ, "PYTHONPATH": str(tree), "TRL_EXPERIMENTAL_SILENCE": "1", "TQDM_DISABLE": "1"}
+    settings = {**settings, "parts": _PARTS, "cache_files": _CACHE_FILES}
     p = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(settings)], env=env, cwd=tree, capture_output=True,
                        text=True)
     line = next((x for x in p.stdout.splitlines() if x.startswith("AFM-BENCH ")), None)
@@ -184,7 +174,8 @@ def _run_side(tree: Path, settings: dict) -> dict:
         raise RuntimeError(f"the RL steps with the code of {tree} failed: {(p.stderr or p.stdout)[-600:]}")
     got = json.loads(line[len("AFM-BENCH "):])
     episodes = settings["args"]["groups_per_step"] * settings["args"]["num_generations"]
-    return {**_step_figures(got["health"], episodes), "peak_memory_gb": round(got["peak_gb"], 2)}
+    return {**_step_figures(got["health"], episodes), "peak_memory_gb": round(got["peak_gb"], 2),
+            "profile": _breakdown(got["profile"], got["profiled_s"])}
 
 # %% ../nbs/10b_rl_bench.ipynb #c679f4bd
 def _git():
@@ -203,6 +194,12 @@ def check_commit(commit: str) -> Path:
         raise ValueError(f"commit {commit!r} is not in the git history of {root} (a shallow clone? "
                          "git fetch --unshallow)")
     return root
+
+# %% ../nbs/10b_rl_bench.ipynb #fc68f375
+def _breakdown(seconds: dict, total: float) -> dict:
+    "A profiled step's parts as shares of it, with the rest: the step less the rollout, loss, backward and optimiser."
+    rest = max(0.0, total - sum(seconds[k] for k in ("rollout", "loss", "backward", "optimizer")))
+    return {"step_s": round(total, 3), **{k: round(v / total, 3) for k, v in {**seconds, "rest": rest}.items()}}
 
 # %% ../nbs/10b_rl_bench.ipynb #8d836f3e
 def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", config: RolloutConfig | None = None,
@@ -257,7 +254,8 @@ def rl_bench_figures(model_dir: Path | str, profile: str = "tiny", steps: int = 
                     f"seconds_per_step_{against}": vs["then"]["seconds_per_step"],
                     f"peak_memory_gb_{against}": vs["then"]["peak_memory_gb"],
                     f"share_training_{against}": vs["then"]["share_training"],
-                    f"rl_sampled_tokens_per_s_{against}": round(vs["then"]["rl_tokens_per_s"])}
+                    f"rl_sampled_tokens_per_s_{against}": round(vs["then"]["rl_tokens_per_s"]),
+                    "profile": vs["ours"]["profile"], f"profile_{against}": vs["then"]["profile"]}
     return figures
 
 # %% ../nbs/10b_rl_bench.ipynb #fbe48bf8
