@@ -723,6 +723,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                         'afm.rl.AgenticRollout.__init__': ('rl.html#agenticrollout.__init__', 'afm/rl.py'),
                         'afm.rl.AgenticRollout._draw': ('rl.html#agenticrollout._draw', 'afm/rl.py'),
                         'afm.rl.AgenticRollout._episodes': ('rl.html#agenticrollout._episodes', 'afm/rl.py'),
+                        'afm.rl.AgenticRollout._measured': ('rl.html#agenticrollout._measured', 'afm/rl.py'),
                         'afm.rl.AgenticRollout._row': ('rl.html#agenticrollout._row', 'afm/rl.py'),
                         'afm.rl.AgenticRollout.engine': ('rl.html#agenticrollout.engine', 'afm/rl.py'),
                         'afm.rl.AgenticRollout.fill': ('rl.html#agenticrollout.fill', 'afm/rl.py'),

@@ -47,12 +47,10 @@ class RLArgs:
         "help": "tasks a generation rolls out (over all processes); its episodes are split over updates_per_generation "
                 "optimiser steps"})
     updates_per_generation: int = field(default=1, metadata={
-        "help": "optimiser steps each generation feeds (DAPO's mini-batches, TRL's steps_per_generation): from the "
-                "second on the policy has moved, and the clipped ratio binds"})
+        "help": "optimiser steps a generation is split into (DAPO's mini-batches, TRL's steps_per_generation)"})
     micro_batch: int = field(default=0, metadata={
         "help": "episodes per forward/backward pass (0: a process's whole share of an update, in one pass)"})
-    pack_tokens: int = field(default=4096, metadata={
-        "help": "tokens a packed row of the training pass holds (its memory grows with this, not with the episodes)"})
+    pack_tokens: int = field(default=4096, metadata={"help": "tokens a packed row of a training pass holds"})
     epsilon: float = field(default=0.2, metadata={"help": "lower clip of the probability ratio"})
     epsilon_high: float = field(default=0.28, metadata={"help": "upper clip (DAPO's clip-higher)"})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient against the starting model (DAPO: 0)"})
@@ -83,11 +81,9 @@ class RLArgs:
     guard_logprob_gap: float = field(default=0.05, metadata={
         "help": "stop when the mean sampler/trainer log-prob gap on sampled tokens passes this"})
     guard_logprob_gap_max: float = field(default=1.0, metadata={
-        "help": "stop when one sampled token's sampler/trainer log-prob gap passes this (the correction's ratio is "
-                "capped at 3, e^1.1)"})
+        "help": "stop when one sampled token's sampler/trainer log-prob gap passes this (the ratio's cap: 3 = e^1.1)"})
     sampler_correction: bool = field(default=True, metadata={
-        "help": "reweight each sampled token's loss by the truncated ratio of the trainer's probability to the "
-                "sampler's (TRL's token_truncate importance sampling, in-process and on vLLM alike)"})
+        "help": "reweight each sampled token's loss by the capped ratio of the trainer's to the sampler's probability"})
     vllm: bool = field(default=False, metadata={
         "help": "generate through vLLM colocated with the policy (GPUs, the gpu extra); TRL syncs its weights each "
                 "step and corrects for its log-probs"})
@@ -102,10 +98,9 @@ class RLArgs:
                                  "max_draws": 0, "overlong_buffer": 0, "lora_r": 1, "lora_alpha": 1,
                                  "save_steps": 1, "max_batch": 1, "seed": 0},
                      numbers={"learning_rate": "[0, 1]", "epsilon": "[0, 1]", "epsilon_high": "[0, 10]",
-                              "beta": "[0, 10]",
-                              "format_weight": "[0, 0.1]",
-                              "guard_tool_failures": "[0, 1]", "guard_format_failures": "[0, 1]",
-                              "guard_logprob_gap": "[0, inf)", "guard_logprob_gap_max": "[0, inf)"})
+                              "beta": "[0, 10]", "format_weight": "[0, 0.1]", "guard_tool_failures": "[0, 1]",
+                              "guard_format_failures": "[0, 1]", "guard_logprob_gap": "[0, inf)",
+                              "guard_logprob_gap_max": "[0, inf)"})
         for name, known in (("scale_rewards", ("group", "batch", "none")), ("report_to", REPORTS)):
             if getattr(self, name) not in known:
                 raise ValueError(f"RLArgs.{name} = {getattr(self, name)!r}; use one of {', '.join(known)}")
@@ -315,6 +310,19 @@ def overdraw(self: AgenticRollout, want: int) -> int:
     if not drawn: return 0
     return min(want * self.args.max_draws, math.ceil(want * drawn / max(kept, 1)) - want)
 
+# %% ../nbs/10a_rl.ipynb #3b7e41a0
+@patch
+def _measured(self: AgenticRollout, trainer) -> list[int]:
+    """`[groups with signal, groups drawn]` a process measured before it started, read from the trainer's log (a
+    resumed run's steps so far; the figures are summed over the processes, so each process takes its share)."""
+    kept = drawn = 0.0
+    for h in trainer.state.log_history:
+        if "groups/drawn" in h and "groups/zero_variance_share" in h:
+            drawn += h["groups/drawn"]
+            kept += h["groups/drawn"] * (1 - h["groups/zero_variance_share"])
+    n = trainer.accelerator.num_processes
+    return [round(kept / n), round(drawn / n)]
+
 # %% ../nbs/10a_rl.ipynb #5a7d59a3
 @patch
 def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
@@ -328,6 +336,7 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
         raise ValueError(f"dynamic sampling needs whole groups of {n} episodes on each process; got prompts "
                          f"{ids[:2 * n]}…: make groups_per_step a multiple of the number of processes")
     step, want, rank = trainer.state.global_step, len(groups), trainer.accelerator.process_index
+    if self._signal == [0, 0]: self._signal = self._measured(trainer)  # resumed: the measure of the steps before
     todo, kept, spare, drawn, every, draw = [g[0] for g in groups], [], [], 0, [], 0
     todo += self._draw(self.overdraw(want), step, 0, rank, todo)
     while True:
