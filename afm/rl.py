@@ -312,16 +312,15 @@ def overdraw(self: AgenticRollout, want: int) -> int:
 
 # %% ../nbs/10a_rl.ipynb #3b7e41a0
 @patch
-def _measured(self: AgenticRollout, trainer) -> list[int]:
-    """`[groups with signal, groups drawn]` a process measured before it started, read from the trainer's log (a
-    resumed run's steps so far; the figures are summed over the processes, so each process takes its share)."""
+def _measured(self: AgenticRollout, checkpoint: Path, processes: int = 1) -> list[int]:
+    """`[groups with signal, groups drawn]` of the steps logged up to `checkpoint` (a resumed run's): the measure
+    `overdraw` goes on from; each process's share of the figures, summed over `processes`."""
     kept = drawn = 0.0
-    for h in trainer.state.log_history:
+    for h in json.loads((Path(checkpoint) / "trainer_state.json").read_text())["log_history"]:
         if "groups/drawn" in h and "groups/zero_variance_share" in h:
             drawn += h["groups/drawn"]
             kept += h["groups/drawn"] * (1 - h["groups/zero_variance_share"])
-    n = trainer.accelerator.num_processes
-    return [round(kept / n), round(drawn / n)]
+    return [round(kept / processes), round(drawn / processes)]
 
 # %% ../nbs/10a_rl.ipynb #5a7d59a3
 @patch
@@ -336,7 +335,6 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
         raise ValueError(f"dynamic sampling needs whole groups of {n} episodes on each process; got prompts "
                          f"{ids[:2 * n]}…: make groups_per_step a multiple of the number of processes")
     step, want, rank = trainer.state.global_step, len(groups), trainer.accelerator.process_index
-    if self._signal == [0, 0]: self._signal = self._measured(trainer)  # resumed: the measure of the steps before
     todo, kept, spare, drawn, every, draw = [g[0] for g in groups], [], [], 0, [], 0
     todo += self._draw(self.overdraw(want), step, 0, rank, todo)
     while True:
@@ -502,13 +500,14 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     args, out, config = args or RLArgs(), Path(out), config or RolloutConfig()
     if (model is None) != (tokenizer is None):
         raise ValueError("train_rl: pass model and tokenizer together, or neither")
-    rl_batch(args, int(os.environ.get("WORLD_SIZE", "1")))  # a batch that cannot split: refused before anything loads
+    rl_batch(args, world := int(os.environ.get("WORLD_SIZE", "1")))  # refused before anything loads
     rollout_fn = AgenticRollout(tasks, toolbox, config, args, judge, runner)
     identity = _identity(args, config, rollout_fn)
     folder = _run_folder(out)
     if (done := folder.finished(identity)) is not None: return done | {"already_finished": True}
     folder.refuse_another(identity, _FREE)  # never resume another run's weights
     last = folder.resume_point(args.max_steps)
+    if last: rollout_fn._signal = rollout_fn._measured(last, world)  # the over-draw's measure so far
     if model is None: model, tokenizer = load(args.model)
     trainer = rl_trainer(model, tokenizer, rollout_fn, args, out, progress)
     out.mkdir(parents=True, exist_ok=True)

@@ -206,7 +206,8 @@ def behaviour_tables(arms: dict[str, list[dict]], suites: Sequence[str],
 # %% ../nbs/10c_rl_study.ipynb #3710e0b5
 def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
     """The seeds' training health over every step they logged: seconds a step and its shares by phase, the largest
-    sampler/trainer log-prob gap, groups drawn a step and the share of them without signal."""
+    sampler/trainer log-prob gap, the share of tokens clipped, groups drawn a step and the share of them without
+    signal."""
     health = [h for seed in seeds for h in read_health(study.root / f"seed{seed}")]
     step = lambda k: sum(h[k] or 0.0 for h in health) / max(1, len(health))
     seconds = step("step_time")
@@ -214,6 +215,7 @@ def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
               for k in ("rollout", "tool", "reward", "training")}
     return {"seconds_per_step": round(seconds, 3), "step_shares": shares,
             "logprob_gap_max": max((h["logprob_gap/max"] or 0.0) for h in health),
+            "clip_ratio": round(step("clip_ratio/region_mean"), 4),
             "groups_drawn_per_step": round(step("groups/drawn"), 2),
             "zero_variance_share": round(step("groups/zero_variance_share"), 3)}
 
@@ -225,6 +227,7 @@ def study_figures(study: SeedsStudy, runs: dict[int, dict], steps: int, choice: 
     rl = {f"heldout_rl_{m}_{stat}": v for m in ("greedy", "t1")
           for stat, v in zip(("mean", "std"), mean_sd([score[f"rl{s}_{m}"] for s in runs]))}
     return {"seeds": len(runs), "steps_per_seed": steps, "heldout_questions": len(tested.tasks),
+            "updates_per_generation": max(r.get("updates_per_generation", 1) for r in runs.values()),
             "t1_samples": tested.samples, "test_t1_decoding": tested.decoding,
             "heldout_sft_greedy": score["sft_greedy"], "heldout_sft_t1": score["sft_t1"],
             "val_sft_greedy": choice.sft, "val_rl_greedy": choice.scores, **rl,
