@@ -754,6 +754,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.rl_bench._bench_single_turn': ('rl_bench.html#_bench_single_turn', 'afm/rl_bench.py'),
                               'afm.rl_bench._bench_steps': ('rl_bench.html#_bench_steps', 'afm/rl_bench.py'),
                               'afm.rl_bench._breakdown': ('rl_bench.html#_breakdown', 'afm/rl_bench.py'),
+                              'afm.rl_bench._entry_points': ('rl_bench.html#_entry_points', 'afm/rl_bench.py'),
                               'afm.rl_bench._git': ('rl_bench.html#_git', 'afm/rl_bench.py'),
                               'afm.rl_bench._run_side': ('rl_bench.html#_run_side', 'afm/rl_bench.py'),
                               'afm.rl_bench._same_work': ('rl_bench.html#_same_work', 'afm/rl_bench.py'),

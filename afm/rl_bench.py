@@ -114,6 +114,7 @@ def _same_work(steps: int, groups: int, generations: int) -> dict:
 # %% ../nbs/10b_rl_bench.ipynb #83d5c078
 _DRIVER = """
 import cProfile, dataclasses, json, pstats, resource, sys, tempfile, time
+sys.meta_path[:] = [f for f in sys.meta_path if "Editable" not in type(f).__name__]  # afm from PYTHONPATH alone
 from transformers import TrainerCallback
 s = json.loads(sys.argv[1])
 from afm.core import load_profile
@@ -160,15 +161,19 @@ print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak, "profile": p
 
 # %% ../nbs/10b_rl_bench.ipynb #145343ad
 def _run_side(tree: Path, settings: dict) -> dict:
-    """`_DRIVER` with the code of `tree` (a checkout): its step figures, peak memory and the profiled step's breakdown,
-    or a RuntimeError with its tail."""
+    """`_DRIVER` with the code of `tree` (a checkout) and its entry points: its step figures, peak memory and the
+    profiled step's breakdown, or a RuntimeError with its tail."""
     import os
     import subprocess
     import sys
-    env = {**os.environ, "PYTHONPATH": str(tree), "TRL_EXPERIMENTAL_SILENCE": "1", "TQDM_DISABLE": "1"}
+    import tempfile
     settings = {**settings, "parts": _PARTS, "cache_files": _CACHE_FILES}
-    p = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(settings)], env=env, cwd=tree, capture_output=True,
-                       text=True)
+    with tempfile.TemporaryDirectory() as meta:
+        _entry_points(tree, Path(meta))
+        env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{meta}", "TRL_EXPERIMENTAL_SILENCE": "1",
+               "TQDM_DISABLE": "1"}
+        p = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(settings)], env=env, cwd=tree,
+                           capture_output=True, text=True)
     line = next((x for x in p.stdout.splitlines() if x.startswith("AFM-BENCH ")), None)
     if p.returncode or line is None:
         raise RuntimeError(f"the RL steps with the code of {tree} failed: {(p.stderr or p.stdout)[-600:]}")
@@ -176,6 +181,18 @@ def _run_side(tree: Path, settings: dict) -> dict:
     episodes = settings["args"]["groups_per_step"] * settings["args"]["num_generations"]
     return {**_step_figures(got["health"], episodes), "peak_memory_gb": round(got["peak_gb"], 2),
             "profile": _breakdown(got["profile"], got["profiled_s"])}
+
+# %% ../nbs/10b_rl_bench.ipynb #8f158818
+def _entry_points(tree: Path, meta: Path) -> None:
+    """The entry points `tree`'s pyproject.toml declares (its tools, its benchmarks) as a distribution's metadata in
+    `meta`: first on the path, they stand in for the installed checkout's, which name this code's modules."""
+    import tomllib
+    groups = tomllib.loads((tree / "pyproject.toml").read_text())["project"].get("entry-points", {})
+    info = meta / "afm-0.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: afm\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items()))
 
 # %% ../nbs/10b_rl_bench.ipynb #c679f4bd
 def _git():
