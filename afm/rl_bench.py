@@ -84,7 +84,9 @@ _PARTS = {  # part of a step -> the functions (file ending, name) whose cumulati
     "reward": [("afm/rl.py", "_row")], "loss": [("trl/trainer/grpo_trainer.py", "compute_loss")],
     "logprobs": [("", "_get_per_token_logps_and_entropies")], "backward": [("torch/autograd/__init__.py", "backward")],
     "optimizer": [("torch/optim/optimizer.py", "wrapper")]}
-_CACHE_FILES = ["afm/kv_cache.py", "transformers/cache_utils.py"]  # KV-cache bookkeeping: their own seconds
+# KV-cache bookkeeping: the cache's own code, and the engine's that merged, cut and kept caches before it was in place
+_CACHE_FILES = ["afm/kv_cache.py", "transformers/cache_utils.py"]
+_CACHE_FUNCTIONS = [("afm/engine.py", n) for n in ("_merge", "_select", "_prefixes", "_keep")]
 
 # %% ../nbs/10b_rl_bench.ipynb #36cb16f9
 def bench_rl(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config: RolloutConfig, steps: int = 3,
@@ -151,7 +153,11 @@ def cum(fns):  # the largest cumulative seconds among the matching functions: an
     return max((ct for (f, _, name), (_, _, _, ct, _) in stats.items() for end, want in fns
                 if name == want and f.endswith(end)), default=0.0)
 parts = {k: cum(v) for k, v in s["parts"].items()}
-parts["kv_cache"] = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if f.endswith(tuple(s["cache_files"])))
+def bookkeeping(f, name):
+    return f.endswith(tuple(s["cache_files"])) or any(f.endswith(e) and name == n for e, n in s["cache_functions"])
+# cumulative seconds of the bookkeeping entered from elsewhere (its torch.cat and copies included, nothing twice)
+parts["kv_cache"] = sum(ct for (f, _, name), (_, _, _, ct, callers) in stats.items()
+                        if bookkeeping(f, name) and not any(bookkeeping(cf, cn) for cf, _, cn in callers))
 keys = ("step_time", "time/rollout_s", "time/tool_wait_s", "time/reward_s", "time/training_s",
         "episodes/sampled_tokens")
 health = [{k: r[k] for k in keys} for r in read_health(out)]
@@ -167,7 +173,7 @@ def _run_side(tree: Path, settings: dict) -> dict:
     import subprocess
     import sys
     import tempfile
-    settings = {**settings, "parts": _PARTS, "cache_files": _CACHE_FILES}
+    settings = {**settings, "parts": _PARTS, "cache_files": _CACHE_FILES, "cache_functions": _CACHE_FUNCTIONS}
     with tempfile.TemporaryDirectory() as meta:
         _entry_points(tree, Path(meta))
         env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{meta}", "TRL_EXPERIMENTAL_SILENCE": "1",
