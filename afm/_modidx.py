@@ -1162,6 +1162,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'afm.training': { 'afm.training.check_reporter': ('training.html#check_reporter', 'afm/training.py'),
                               'afm.training.has_gpu': ('training.html#has_gpu', 'afm/training.py'),
                               'afm.training.is_quiet': ('training.html#is_quiet', 'afm/training.py'),
+                              'afm.training.peak_rss_gb': ('training.html#peak_rss_gb', 'afm/training.py'),
                               'afm.training.slow_bf16': ('training.html#slow_bf16', 'afm/training.py'),
                               'afm.training.weight_digest': ('training.html#weight_digest', 'afm/training.py')},
             'afm.world': { 'afm.world.Entity': ('world.html#entity', 'afm/world.py'),

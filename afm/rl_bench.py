@@ -161,7 +161,9 @@ parts["kv_cache"] = sum(ct for (f, _, name), (_, _, _, ct, callers) in stats.ite
 keys = ("step_time", "time/rollout_s", "time/tool_wait_s", "time/reward_s", "time/training_s",
         "episodes/sampled_tokens")
 health = [{k: r[k] for k in keys} for r in read_health(out)]
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+try:  # this program's own high-water mark (ru_maxrss would count the parent's pages inherited at fork)
+    peak = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 2 ** 20
+except (OSError, StopIteration): peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak, "profile": parts, "profiled_s": wall[1] - wall[0]}))
 """  # what both sides run: only what the earlier code has too
 

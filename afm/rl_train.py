@@ -183,13 +183,13 @@ def _afm_sampler(self: PackedGRPOTrainer, batch: dict, logps) -> None:
 def _one_pass(episodes: int, packed: bool, prompt: int, completion: int, longest: int, budget: int) -> dict:
     "One forward and backward of `episodes` RL-shaped episodes on the `tiny` model (TRL's padded pass, or packed)."
     import contextlib
-    import resource
     import time
     import types
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl.trainer.utils import add_fused_lm_head
     from afm.models import TinyConfig
+    from afm.training import peak_rss_gb
     c = TinyConfig()
     torch.manual_seed(c.seed)
     model = Qwen2ForCausalLM(Qwen2Config(
@@ -201,7 +201,7 @@ def _one_pass(episodes: int, packed: bool, prompt: int, completion: int, longest
     width = max(done)
     ids = torch.randint(1, c.vocab_size, (episodes, prompt + width))
     mask = (torch.arange(prompt + width) < prompt + torch.tensor(done)[:, None]).long()
-    base, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, time.perf_counter()
+    base, t0 = peak_rss_gb(), time.perf_counter()
     if packed: logps, ents = packed_logps(model, ids, mask, width, budget, entropy=True)
     else:
         trl = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
@@ -209,7 +209,7 @@ def _one_pass(episodes: int, packed: bool, prompt: int, completion: int, longest
                                                                                      compute_entropy=True)
     (logps * mask[:, prompt:]).sum().backward()
     return {"episodes": episodes, "packed": packed, "tokens": int(mask.sum()), "padded_tokens": mask.numel(),
-            "base_gb": round(base, 2), "peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+            "base_gb": round(base, 2), "peak_gb": round(peak_rss_gb(), 2),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 # %% ../nbs/10_rl_train.ipynb #c9abc7e7

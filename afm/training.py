@@ -10,7 +10,7 @@ import hashlib
 import os
 
 # %% auto #0
-__all__ = ['REPORTS', 'has_gpu', 'slow_bf16', 'check_reporter', 'is_quiet', 'weight_digest']
+__all__ = ['REPORTS', 'has_gpu', 'slow_bf16', 'check_reporter', 'is_quiet', 'weight_digest', 'peak_rss_gb']
 
 # %% ../nbs/09_training.ipynb #fbc31fad
 def has_gpu() -> bool:
@@ -57,3 +57,16 @@ def weight_digest(model) -> str:
         h.update(name.encode())
         h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
+
+# %% ../nbs/09_training.ipynb #c30c3f2d
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (GiB) since its program started: Linux's `VmHWM`, else `ru_maxrss` (which
+    on Linux also counts what a child inherited from its parent at fork)."""
+    import resource
+    import sys
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 2 ** 20
+    except (OSError, StopIteration): pass
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 2 ** 30 if sys.platform == "darwin" else kb / 2 ** 20
