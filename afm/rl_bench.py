@@ -168,9 +168,10 @@ print("AFM-BENCH " + json.dumps({"health": health, "peak_gb": peak, "profile": p
 """  # what both sides run: only what the earlier code has too
 
 # %% ../nbs/10b_rl_bench.ipynb #145343ad
-def _run_side(tree: Path, settings: dict) -> dict:
-    """`_DRIVER` with the code of `tree` (a checkout) and its entry points: its step figures, peak memory and the
-    profiled step's breakdown, or a RuntimeError with its tail."""
+def _run_side(tree: Path, settings: dict, own_settings: bool = False) -> dict:
+    """`_DRIVER` with the code of `tree` (a checkout) and its entry points (and, `own_settings`, its settings.ini, not
+    the one `AFM_SETTINGS` names): its step figures, peak memory and the profiled step's breakdown, or a RuntimeError
+    with its tail."""
     import os
     import subprocess
     import sys
@@ -179,7 +180,7 @@ def _run_side(tree: Path, settings: dict) -> dict:
     with tempfile.TemporaryDirectory() as meta:
         _entry_points(tree, Path(meta))
         env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{meta}", "TRL_EXPERIMENTAL_SILENCE": "1",
-               "TQDM_DISABLE": "1"}
+               "TQDM_DISABLE": "1", **({"AFM_SETTINGS": str(tree / "settings.ini")} if own_settings else {})}
         p = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(settings)], env=env, cwd=tree,
                            capture_output=True, text=True)
     line = next((x for x in p.stdout.splitlines() if x.startswith("AFM-BENCH ")), None)
@@ -245,7 +246,7 @@ def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", con
         tree = Path(tmp) / "tree"
         if (made := git("worktree", "add", "--detach", str(tree), commit)).returncode:
             raise RuntimeError(f"git worktree add {commit} failed: {made.stderr.strip()}")
-        try: then = _run_side(tree, settings)
+        try: then = _run_side(tree, settings, own_settings=True)  # its profile as its commit set it
         finally: git("worktree", "remove", "--force", str(tree))
     ours = _run_side(root, settings)
     return {"commit": commit, "episodes_per_step": groups * generations, "steps": steps, "ours": ours, "then": then,
