@@ -204,19 +204,17 @@ def _entry_points(tree: Path, meta: Path) -> None:
         f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items()))
 
 # %% ../nbs/10b_rl_bench.ipynb #c679f4bd
-def _git():
-    "`git -C <this checkout> ...` as a function of its arguments."
+def _git(root: Path, *args: str):
+    "`git -C root *args`, its output captured."
     import subprocess
-    import afm
-    root = Path(afm.__file__).resolve().parent.parent  # the checkout this code runs from
-    return lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
 
 # %% ../nbs/10b_rl_bench.ipynb #bb94b960
 def check_commit(commit: str) -> Path:
     "The checkout this code runs from, or a ValueError when `commit` is not in its git history."
     import afm
-    root = Path(afm.__file__).resolve().parent.parent
-    if _git()("rev-parse", "--verify", f"{commit}^{{commit}}").returncode:
+    root = Path(afm.__file__).resolve().parent.parent  # the checkout this code runs from
+    if _git(root, "rev-parse", "--verify", f"{commit}^{{commit}}").returncode:
         raise ValueError(f"commit {commit!r} is not in the git history of {root} (a shallow clone? "
                          "git fetch --unshallow)")
     return root
@@ -236,7 +234,7 @@ def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", con
     import dataclasses
     import tempfile
     from afm.world import profile_world
-    git, root = _git(), check_commit(commit)
+    root = check_commit(commit)
     config = config or RolloutConfig()
     # the decoding as the earlier code took it too (RLArgs had it then)
     args = {**_same_work(steps, groups, generations), "temperature": config.temperature, "top_p": config.top_p}
@@ -244,10 +242,10 @@ def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", con
                 "world": list(profile_world(profile)), "rollout": dataclasses.asdict(config), "args": args}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
-        if (made := git("worktree", "add", "--detach", str(tree), commit)).returncode:
+        if (made := _git(root, "worktree", "add", "--detach", str(tree), commit)).returncode:
             raise RuntimeError(f"git worktree add {commit} failed: {made.stderr.strip()}")
         try: then = _run_side(tree, settings, own_settings=True)  # its profile as its commit set it
-        finally: git("worktree", "remove", "--force", str(tree))
+        finally: _git(root, "worktree", "remove", "--force", str(tree))
     ours = _run_side(root, settings)
     return {"commit": commit, "episodes_per_step": groups * generations, "steps": steps, "ours": ours, "then": then,
             "speedup": round(then["seconds_per_step"] / ours["seconds_per_step"], 2)}
