@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -19,8 +19,8 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'train_seeds', 'rl_candidates', 'graded', 'overall', 'Choice',
-           'choose_on_val', 'choose_updates', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms',
+__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'choose_updates', 'train_seeds',
+           'Choice', 'choose_on_val', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms',
            'behaviour_tables', 'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict',
            'found_figures']
 
@@ -55,21 +55,6 @@ def seeds_study(profile: str, stand_in: bool = False, sft_from: str = "") -> See
     else: start, root, system = sft_start(profile, {**prof, "rl_sft_from": sft_from}), data_dir("rl", profile), None
     return SeedsStudy(profile, Path(start), root, profile_world(prof), profile_toolbox(prof), system, stand_in)
 
-# %% ../nbs/10c_rl_study.ipynb #b0c3e3c4
-def train_seeds(study: SeedsStudy, seeds: int, steps: int, suites: Sequence[str], per_suite: int) -> dict[int, dict]:
-    """`seeds` RL runs of `steps` steps each from the study's start on the rl split of `suites` (`per_suite` tasks a
-    suite), seed `n` in `root/seed<n>`, sampling as RL does (`rollout_config(profile, "rl")`); their figures by seed."""
-    from afm.core import load_profile
-    from afm.rollout import rollout_config
-    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    tasks = rl_tasks(suites, per_suite, *study.world)
-    config = rollout_config(study.profile, "rl", system=study.system)  # RL's decoding: rl_* keys over the rollout's
-    runs = {}
-    for seed in range(seeds):
-        args = rl_args(prof, max_steps=steps, seed=seed, model=str(study.start), **small)
-        runs[seed] = train_rl(tasks, study.root / f"seed{seed}", args, config, study.box, progress=False)
-    return runs
-
 # %% ../nbs/10c_rl_study.ipynb #a6c0c485
 def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
     "What validation chooses among for RL run `run`: its final model and `n - 1` checkpoints of its second half."
@@ -95,6 +80,46 @@ def overall(records: Sequence[dict]) -> float:
     from afm.evaluate import suite_rows
     return suite_rows(records)[-1]["avg@k"]
 
+# %% ../nbs/10c_rl_study.ipynb #7c1d5e21
+def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites: Sequence[str], per_suite: int,
+                   val_tasks: Sequence[Task]) -> dict:
+    """`updates_per_generation` chosen on `val_tasks` by success an hour: per value of `choices` a run of `steps` steps
+    (rounded up to whole generations) from the study's start, seed 0, in `root/mu<μ>`; its final model scored on val;
+    the val gain over the start per hour of the run. The runs' figures by μ, the start's val score and the choice."""
+    from afm.core import load_profile
+    from afm.rollout import rollout_config
+    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
+    tasks, config = rl_tasks(suites, per_suite, *study.world), rollout_config(study.profile, "rl", system=study.system)
+    start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
+    for mu in choices:
+        n = -(-steps // mu) * mu
+        args = rl_args(prof, max_steps=n, save_steps=n, updates_per_generation=mu, seed=0, model=str(study.start),
+                       **small)
+        run = train_rl(tasks, study.root / f"mu{mu}", args, config, study.box, progress=False)
+        val = overall(graded(study, f"mu{mu}/val_final", study.root / f"mu{mu}" / "model", val_tasks))
+        runs[mu] = {"steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"], "val": val,
+                    "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
+    return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda mu: runs[mu]["val_gain_per_hour"])}
+
+# %% ../nbs/10c_rl_study.ipynb #b0c3e3c4
+def train_seeds(study: SeedsStudy, seeds: int, steps: int, suites: Sequence[str], per_suite: int,
+                updates_per_generation: int | None = None) -> dict[int, dict]:
+    """`seeds` RL runs of `steps` steps each from the study's start on the rl split of `suites` (`per_suite` tasks a
+    suite), seed `n` in `root/seed<n>`, sampling as RL does (`rollout_config(profile, "rl")`), with
+    `updates_per_generation` (None: the profile's); their figures by seed."""
+    from afm.core import load_profile
+    from afm.rollout import rollout_config
+    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
+    tasks = rl_tasks(suites, per_suite, *study.world)
+    config = rollout_config(study.profile, "rl", system=study.system)  # RL's decoding: rl_* keys over the rollout's
+    runs, mu = {}, {} if updates_per_generation is None else {"updates_per_generation": updates_per_generation}
+    for seed in range(seeds):
+        args = rl_args(prof, max_steps=steps, seed=seed, model=str(study.start), **mu, **small)
+        every = args.updates_per_generation  # a checkpoint at a generation's start: a run resumes there
+        args = replace(args, save_steps=-(-args.save_steps // every) * every)
+        runs[seed] = train_rl(tasks, study.root / f"seed{seed}", args, config, study.box, progress=False)
+    return runs
+
 # %% ../nbs/10c_rl_study.ipynb #a0c4c70b
 class Choice(NamedTuple):
     "What validation chose: each seed's model, every candidate's val score by seed, and the SFT model's val score."
@@ -117,27 +142,6 @@ def choose_on_val(study: SeedsStudy, seeds: Sequence[int], val_tasks: Sequence[T
         chosen[seed] = candidates[choose(list(candidates), val)]
         scores[seed] = {c: overall(v) for c, v in val.items()}
     return Choice(chosen, scores, sft)
-
-# %% ../nbs/10c_rl_study.ipynb #7c1d5e21
-def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites: Sequence[str], per_suite: int,
-                   val_tasks: Sequence[Task]) -> dict:
-    """`updates_per_generation` chosen on `val_tasks` by success an hour: per value of `choices` a run of `steps` steps
-    (rounded up to whole generations) from the study's start, seed 0, in `root/mu<μ>`; its final model scored on val;
-    the val gain over the start per hour of the run. The runs' figures by μ, the start's val score and the choice."""
-    from afm.core import load_profile
-    from afm.rollout import rollout_config
-    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    tasks, config = rl_tasks(suites, per_suite, *study.world), rollout_config(study.profile, "rl", system=study.system)
-    start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
-    for mu in choices:
-        n = -(-steps // mu) * mu
-        args = rl_args(prof, max_steps=n, save_steps=n, updates_per_generation=mu, seed=0, model=str(study.start),
-                       **small)
-        run = train_rl(tasks, study.root / f"mu{mu}", args, config, study.box, progress=False)
-        val = overall(graded(study, f"mu{mu}/val_final", study.root / f"mu{mu}" / "model", val_tasks))
-        runs[mu] = {"steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"], "val": val,
-                    "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
-    return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda mu: runs[mu]["val_gain_per_hour"])}
 
 # %% ../nbs/10c_rl_study.ipynb #23611826
 class Tested(NamedTuple):
