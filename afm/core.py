@@ -75,6 +75,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("03d_chance", "chance"),
     Chapter("04_mas", "mas", pipeline=False),
     Chapter("04a_teacher", "teacher"),
+    Chapter("04b_strategies", "strategies", pipeline=False),
     Chapter("05_distill", "distill", commands=("distill",)),
     Chapter("06_models", "models"),
     Chapter("06a_kv_cache", "kv_cache", pipeline=False),

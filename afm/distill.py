@@ -25,6 +25,7 @@ from .grading import default_judge, grade
 from .llm import ChatBackend, Endpoint, LLMClient
 from .mas import LLMBrain, LLMTeacherConfig, MASRun, MultiAgentSystem, check_backend
 from .prompts import SYSTEM_STYLES, system_prompt
+from .strategies import strategies, strategy_table
 from .tasks import SPLITS, Task, benchmarks, load_benchmark, read_tasks
 from .teacher import OfflineTeacher, TeacherConfig
 from .tools import TOOLS, ToolRegistry, Toolbox
@@ -35,7 +36,7 @@ from .world_suites import GENERATED_SUITES
 __all__ = ['Stage', 'DISTILL_SUITES', 'BRAINS', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
            'redundant_inputs', 'complexity', 'quality', 'reflection_enrichment', 'Deduplicate', 'default_stages',
            'stage_name', 'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'ToolboxConfig',
-           'DistillConfig', 'distill', 'cli_distill']
+           'DistillConfig', 'distill', 'strategy_figures', 'cli_distill']
 
 # %% ../nbs/05_distill.ipynb #9af4dd4e
 def linearize(run: MASRun, task: Task) -> Trajectory:
@@ -473,9 +474,21 @@ def distill(out: Path | str, cfg: DistillConfig | None = None, brain=None, box: 
     ds = to_dataset(kept, cfg.filter.registry, cfg.system_style)
     save_dataset(ds, table, out)
     stats = _stats(tasks, runs, answered, table, ds, cfg) | {"seconds": round(time.perf_counter() - t0, 1),
-                                                             "brain": mas.brain.name}
+                                                             "brain": mas.brain.name,
+                                                             "strategies": strategy_figures(answered, kept, tasks)}
     (out / "stats.json").write_text(json.dumps(stats, indent=2))
     return stats
+
+# %% ../nbs/05_distill.ipynb #398def73
+def strategy_figures(answered: Sequence[tuple[Trajectory, Task]], kept: Sequence[Trajectory],
+                     tasks: Sequence[Task]) -> dict[str, dict]:
+    """The teacher's strategy choices (`afm.strategies`): over its answered runs, each way's share and success
+    (`teacher`); over the kept rows, each copy counted once, each way's share (`kept`)."""
+    by_id = {t.id: t for t in tasks}
+    runs = [(ways, grade(task, t.answer) if t.answer is not None else 0.0) for t, task in answered
+            if (ways := strategies(t.steps, task))]  # world questions only: their grades need no judge
+    rows = [(strategies(t.steps, by_id[t.task_id]), 1.0) for t in kept if not t.meta.get("copy")]
+    return {"teacher": strategy_table(runs), "kept": strategy_table(rows)}
 
 # %% ../nbs/05_distill.ipynb #c2b4add7
 def _stats(tasks, runs, answered, table, ds, cfg: DistillConfig) -> dict[str, Any]:

@@ -32,8 +32,15 @@ class TeacherConfig:
                                metadata={"help": "suggest an intermediate value; the double check scores it 1"})
     p_repeat_query: float = field(default=0.02, metadata={"help": "search the same query twice (the tool "
                                                                   "answers 'already searched')"})
-    p_shortcut: float = field(default=0.15, metadata={"help": "answer a one-hop question from the search snippet, "
-                                                              "without reading or reflecting"})
+    p_shortcut: float = field(default=0.15, metadata={"help": "answer a one-hop question from the search results, "
+                                                              "without reading the page: right only when a snippet "
+                                                              "states the value, else another value a snippet shows"})
+    p_by_hand: float = field(default=0.0, metadata={"help": "compute or compare the values read by hand, without "
+                                                            "the code tool..."})
+    hand_slip: float = field(default=0.0, metadata={"help": "...slipping at each operation or comparison with this "
+                                                            "probability: a wrong answer no double check catches"})
+    p_skip_verify: float = field(default=0.0, metadata={"help": "answer without the double check: a misread goes "
+                                                                "through to the answer"})
     p_reflect: float = field(default=0.6, metadata={"help": "reflect after a read (always after the last one)"})
     recap: bool = field(default=False,
                         metadata={"help": "each note restates every value found so far, not only the new ones"})
@@ -59,6 +66,7 @@ _PHRASES = {
                 "Put forward the answer."],
     "verify": ["Verify the answer against "
                "what the pages said.", "Double-check before answering.", "Check the answer once more."],
+    "unchecked": ["The evidence is complete: answer {answer}.", "That settles it: {answer}.", "Answer {answer}."],
     "final": ["The double check passed; answer.", "Verified. Give the final answer.", "The answer holds."],
 }
 _WHAT = {"born_in": "birthplace", "works_for": "employer", "studied_at": "university", "founded_by": "founder",
@@ -165,6 +173,8 @@ class OfflineTeacher:
                "\n".join(f"{i}. {t}" for i, t in enumerate(todo, 1)))
         premature_at = rng.randrange(len(reads) - 1) if len(reads) > 1 and rng.random() < cfg.p_premature else None
         misread = rng.random() < cfg.p_misread
+        hand, unchecked = rng.random() < cfg.p_by_hand, rng.random() < cfg.p_skip_verify
+        compare = next((s for s in path if s["op"] == "compare"), None)
         pages: dict[str, str] = {}  # url -> what reading it returned; a page is read once
         note, found = "", []  # the values read since the last thought (the next one writes them down), and all of them
 
@@ -178,6 +188,14 @@ class OfflineTeacher:
             nonlocal note
             thought, note = (" ".join(found) + " " if cfg.recap and found else note) + thought, ""
             return thought
+
+        def conclude(got: str, check: str, thought: str | None = None):  # suggest, double-check, answer; or answer
+            if unchecked:
+                yield (thought or noted(say("unchecked", answer=got)), "answer", got)
+                return
+            yield (thought or noted(say("suggest", answer=got)), "verifier", f"suggested_answer: {got}")
+            yield (say("verify"), "verifier", f"double_check: {check}")
+            yield (say("final"), "answer", got)
 
         for k, (search, read) in enumerate(reads):
             name, what, value, url = read["title"], _WHAT.get(read["what"], read["what"]), read["value"], read["url"]
@@ -196,12 +214,13 @@ class OfflineTeacher:
                 yield (noted(say("search", name=name, what=what)), "search", f"web_search: {query}")
                 if rng.random() < cfg.p_repeat_query:
                     yield ("Search again to be sure.", "search", f"web_search: {query}")
-                if (len(reads) == 1 and not computes and value in memory.last_observation()
-                    and rng.random() < cfg.p_shortcut):
-                    yield (f"The snippet already gives the {what}: {value}.", "verifier", f"suggested_answer: {answer}")
-                    yield (say("verify"), "verifier", "double_check: the search result states it. Score: 3")
-                    yield (say("final"), "answer", answer)
-                    return
+                if len(reads) == 1 and not computes and rng.random() < cfg.p_shortcut:  # right if a snippet says
+                    seen = memory.last_observation()
+                    got = value if value in seen else _other_name(seen, answer, rng)
+                    if got is not None:
+                        yield from conclude(got, "the search result states it. Score: 3",
+                                            f"The snippet already gives the {what}: {got}.")
+                        return
                 if url not in memory.last_observation():
                     yield (say("reflect"), "reflection", f"information_conflict: good - nothing contradicts so far.\n"
                            f"tool_effectiveness: poor - the results do not include the page of {name}.\n"
@@ -235,11 +254,27 @@ class OfflineTeacher:
         # e.g. the birth year of the one person the lookups single out: noted from the page already read
         for r in rereads:
             if r["value"] in pages.get(r["url"], ""): learned(_WHAT.get(r["what"], r["what"]), r["title"], r["value"])
+        work = _hand_work(computes, compare)
+        if hand and work:  # right with probability (1 - hand_slip) per operation; nothing below catches a slip
+            shown, right, ops, among = work
+            got = right if rng.random() < (1 - cfg.hand_slip) ** ops else _slip(right, rng, among)
+            yield from conclude(got, f"{got} follows from the values read, worked out by hand. Score: 3",
+                                noted(f"Work it out by hand: {shown.format(got)}."))
+            return
+        if compare and not computes:
+            vals = compare["values"]
+            yield (noted(say("compute")), "code", f"```python\nprint({_extreme(compare)}({', '.join(vals)}))\n```")
+            if compare["value"] not in memory.last_observation():
+                yield _Skip(f"the program did not print {compare['value']}")
+                return
         for c in computes:
             wrong = _misread_expr(c["expr"], rng) if misread else None
             yield (noted(say("compute")), "code", f"```python\nprint({wrong or c['expr']})\n```")
             if wrong:
                 got = _stdout_line(memory.last_observation())
+                if unchecked:  # nothing catches it: a wrong answer the quality filter must drop
+                    yield from conclude(got, "")
+                    return
                 yield (say("suggest", answer=got), "verifier", f"suggested_answer: {got}")
                 yield (say("verify"), "verifier", f"double_check: the computation used {wrong}, but the pages give "
                                                   f"{c['expr']}. Score: 2")
@@ -252,21 +287,17 @@ class OfflineTeacher:
                 return
         if misread and not computes:
             wrong = _other_name(memory.last_observation(), answer, rng)
-            # the verifier misses it: a wrong answer the quality filter must drop
-            if wrong and rng.random() < cfg.p_uncaught:
-                yield (say("suggest", answer=wrong), "verifier", f"suggested_answer: {wrong}")
-                yield (say("verify"), "verifier", f"double_check: {wrong} appears on the page read last. Score: 3")
-                yield (say("final"), "answer", wrong)
+            # unchecked, or the verifier misses it: a wrong answer the quality filter must drop
+            if wrong and (unchecked or rng.random() < cfg.p_uncaught):
+                yield from conclude(wrong, f"{wrong} appears on the page read last. Score: 3")
                 return
             if wrong:
                 yield (say("suggest", answer=wrong), "verifier", f"suggested_answer: {wrong}")
                 yield (say("verify"), "verifier", f"double_check: the page says {answer}, not {wrong}. Score: 2")
                 yield ("I misread the page; plan the correction.",
                        "planner", f"1. Take {answer} from the page read last.\n2. Verify and answer.")
-        yield (noted(say("suggest", answer=answer)), "verifier", f"suggested_answer: {answer}")
-        yield (say("verify"), "verifier", f"double_check: {answer} follows from the pages read"
-               + (f" and the computation {computes[-1]['expr']}" if computes else "") + ". Score: 4")
-        yield (say("final"), "answer", answer)
+        yield from conclude(answer, f"{answer} follows from the pages read"
+                            + (f" and the computation {computes[-1]['expr']}" if computes else "") + ". Score: 4")
 
     def _math(self, task: Task, memory: Memory, rng, say):
         """Plan, compute the worked solution in the sandbox, reflect, re-check the intermediate steps, reflect,
@@ -361,3 +392,27 @@ def _other_name(text: str, answer: str, rng) -> str | None:
 def _same_number(a: str, b: str) -> bool:
     try: return abs(float(a.replace(",", "")) - float(b.replace(",", ""))) < 1e-6
     except ValueError: return a.strip() == b.strip()
+
+# %% ../nbs/04a_teacher.ipynb #c6ed92c4
+def _extreme(compare: dict) -> str:
+    "`min` or `max`: which of a comparison's values its answer is."
+    return "max" if float(compare["value"]) == max(map(float, compare["values"])) else "min"
+
+# %% ../nbs/04a_teacher.ipynb #8c208a19
+def _hand_work(computes: list[dict], compare: dict | None) -> tuple[str, str, int, list[str]] | None:
+    """What the teacher can work out by hand: `(the working with {} for its result, the right result, operations, the
+    values compared)`; None when the path has nothing to compute or compare, or more than one computation."""
+    if len(computes) == 1:
+        c = computes[0]
+        return f"{c['expr']} = {{}}", c["value"], max(1, len(re.findall(r"[-+*/]", c["expr"]))), []
+    if compare and not computes:
+        vals = compare["values"]
+        which = "largest" if _extreme(compare) == "max" else "smallest"
+        return f"the {which} of {', '.join(vals)} is {{}}", compare["value"], len(vals) - 1, vals
+    return None
+
+# %% ../nbs/04a_teacher.ipynb #51b37f7a
+def _slip(value: str, rng, among: list[str] = ()) -> str:
+    "A slip in working by hand: another of the values compared (`among`), else `value` with one digit changed."
+    if others := [v for v in among if v != value]: return rng.choice(others)
+    return _misread_expr(value, rng) or str(int(float(value)) + rng.choice((-1, 1)))
