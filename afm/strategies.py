@@ -12,7 +12,7 @@ from .tasks import Task
 from .world_suites import WORLD_SUITES
 
 # %% auto #0
-__all__ = ['STRATEGIES', 'strategies', 'strategy_table', 'strategy_rows']
+__all__ = ['STRATEGIES', 'strategies', 'strategy_table', 'strategy_rows', 'strategy_gap']
 
 # %% ../nbs/04b_strategies.ipynb #5a7e0c05
 STRATEGIES = {"compute": ("code", "hand"), "source": ("page", "snippet"), "verify": ("checked", "unchecked")}
@@ -62,3 +62,26 @@ def strategy_rows(table: dict[str, dict[str, dict[str, Any]]], **columns: dict) 
                 row |= {f"{name}_share": o.get("share"), f"{name}_success": o.get("success")}
             rows.append(row)
     return rows
+
+# %% ../nbs/04b_strategies.ipynb #0752a38a
+def _ways(records: Iterable[dict], tasks: dict[str, Task]) -> list[tuple[dict[str, str], float]]:
+    return [(strategies((r.get("trajectory") or {}).get("steps") or [], tasks[r["task_id"]]), r["reward"])
+            for r in records]
+
+
+def strategy_gap(greedy: Sequence[dict], sampled: Sequence[dict], tasks: Sequence[Task]) -> dict[str, dict[str, Any]]:
+    """Per choice of `STRATEGIES`: the sampled episodes' success by way, the greedy episodes' share of the fragile
+    way, and the room RL has there (that share times the robust way's sampled success less the fragile one's, at least
+    0); from evaluation records (`task_id`, `reward`, `trajectory`) of one model on `tasks`."""
+    by_id = {t.id: t for t in tasks}
+    hot, cold = strategy_table(_ways(sampled, by_id)), strategy_table(_ways(greedy, by_id))
+    out = {}
+    for choice, (robust, fragile) in STRATEGIES.items():
+        if choice not in hot and choice not in cold: continue
+        h, c = hot.get(choice, {}), cold.get(choice, {})
+        ok = {w: (h.get(w) or {}).get("success") for w in (robust, fragile)}
+        share = (c.get(fragile) or {}).get("share") or 0.0
+        gain = ok[robust] - ok[fragile] if None not in ok.values() else 0.0
+        out[choice] = {"sampled_success": ok, "sampled_share_fragile": (h.get(fragile) or {}).get("share"),
+                       "greedy_share_fragile": share, "room": round(max(0.0, gain) * share, 4)}
+    return out
