@@ -210,17 +210,20 @@ def behaviour_tables(arms: dict[str, list[dict]], suites: Sequence[str],
 # %% ../nbs/10c_rl_study.ipynb #3710e0b5
 def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
     """The seeds' training health over every step they logged: seconds a step and its shares by phase, the largest
-    sampler/trainer log-prob gap, the share of tokens clipped, groups drawn a generation and the share of them without
-    signal."""
+    sampler/trainer log-prob gap and the range of the correction for it (the truncated importance ratio), the share of
+    tokens clipped, groups drawn a generation and the share of them without signal."""
     health = [h for seed in seeds for h in read_health(study.root / f"seed{seed}")]
     step = lambda k: sum(h[k] or 0.0 for h in health) / max(1, len(health))
     drawn = [h for h in health if h["groups/drawn"] is not None]  # a step that generated (with mu > 1, not each)
+    lo, hi = "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"
     generation = lambda k: sum(h[k] or 0.0 for h in drawn) / max(1, len(drawn))
     seconds = step("step_time")
     shares = {k: round(step(f"time/{k}_s") / seconds, 3) if seconds else None
               for k in ("rollout", "tool", "reward", "training")}
     return {"seconds_per_step": round(seconds, 3), "step_shares": shares,
             "logprob_gap_max": max((h["logprob_gap/max"] or 0.0) for h in health),
+            "importance_ratio_range": [min((h[lo] for h in health if h[lo] is not None), default=None),
+                                       max((h[hi] for h in health if h[hi] is not None), default=None)],
             "clip_ratio": round(step("clip_ratio/region_mean"), 4),
             "groups_drawn_per_step": round(generation("groups/drawn"), 2),
             "zero_variance_share": round(generation("groups/zero_variance_share"), 3)}
