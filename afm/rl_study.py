@@ -210,18 +210,23 @@ def behaviour_tables(arms: dict[str, list[dict]], suites: Sequence[str],
 # %% ../nbs/10c_rl_study.ipynb #3710e0b5
 def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
     """The seeds' training health over every step they logged: seconds a step and its shares by phase, the largest
-    sampler/trainer log-prob gap, the share of tokens clipped, groups drawn a step and the share of them without
-    signal."""
+    sampler/trainer log-prob gap and the range of the correction for it (the truncated importance ratio), the share of
+    tokens clipped, groups drawn a generation and the share of them without signal."""
     health = [h for seed in seeds for h in read_health(study.root / f"seed{seed}")]
     step = lambda k: sum(h[k] or 0.0 for h in health) / max(1, len(health))
+    drawn = [h for h in health if h["groups/drawn"] is not None]  # a step that generated (with mu > 1, not each)
+    lo, hi = "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"
+    generation = lambda k: sum(h[k] or 0.0 for h in drawn) / max(1, len(drawn))
     seconds = step("step_time")
     shares = {k: round(step(f"time/{k}_s") / seconds, 3) if seconds else None
               for k in ("rollout", "tool", "reward", "training")}
     return {"seconds_per_step": round(seconds, 3), "step_shares": shares,
             "logprob_gap_max": max((h["logprob_gap/max"] or 0.0) for h in health),
+            "importance_ratio_range": [min((h[lo] for h in health if h[lo] is not None), default=None),
+                                       max((h[hi] for h in health if h[hi] is not None), default=None)],
             "clip_ratio": round(step("clip_ratio/region_mean"), 4),
-            "groups_drawn_per_step": round(step("groups/drawn"), 2),
-            "zero_variance_share": round(step("groups/zero_variance_share"), 3)}
+            "groups_drawn_per_step": round(generation("groups/drawn"), 2),
+            "zero_variance_share": round(generation("groups/zero_variance_share"), 3)}
 
 # %% ../nbs/10c_rl_study.ipynb #6c6b0465
 def study_figures(study: SeedsStudy, runs: dict[int, dict], steps: int, choice: Choice, tested: Tested,
@@ -255,13 +260,13 @@ def write_summary(study: SeedsStudy, chosen: dict[int, Path], suites: Sequence[s
 
 # %% ../nbs/10c_rl_study.ipynb #46413140
 def _plot_rewards(ax, study: SeedsStudy, seeds: Sequence[int]) -> None:
-    "The training reward of each seed, a 5-step moving mean."
+    "The training reward of each seed at the steps that generated, a moving mean of 5 generations."
     for seed in seeds:
-        rew = [h["reward"] for h in read_health(study.root / f"seed{seed}")]
-        ax.plot(range(1, len(rew) + 1), [statistics.mean(rew[max(0, i - 4):i + 1]) for i in range(len(rew))],
+        rew = [(h["step"], h["reward"]) for h in read_health(study.root / f"seed{seed}") if h["reward"] is not None]
+        ax.plot([s for s, _ in rew], [statistics.mean(r for _, r in rew[max(0, i - 4):i + 1]) for i in range(len(rew))],
                 label=f"seed {seed}")
     ax.set_xlabel("step")
-    ax.set_ylabel("training reward (5-step mean)")
+    ax.set_ylabel("training reward (mean of 5 generations)")
     ax.legend()
 
 # %% ../nbs/10c_rl_study.ipynb #902272d5
