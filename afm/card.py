@@ -231,7 +231,8 @@ PROFILE_NOTES = {  # profile -> the sentences (templates of `afm.prose.render`) 
     "tiny": ("SFT trained for {sft.train_seconds:dur} after a copy curriculum of {sft.copy_seconds:dur} "
              "({sft.sft_minutes} minutes, every stage of the recipe), and scored {sft.world_qa_sft_strict} on world "
              "QA's `test` questions (chance {sft.world_qa_chance}).",
-             "An RL step took {rl.seconds_per_step:.0f} s: it drew {rl.groups_drawn_per_step} groups to fill "
+             "An RL step took {rl.seconds_per_step:.0f} s and each generation fed {rl.updates_per_generation} of them: "
+             "a generation drew {rl.groups_drawn_per_step} groups to fill "
              "{parameters.rl_groups_per_step}, {rl.zero_variance_share:.0%} of those drawn without reward variance to "
              "learn from.",
              "The machine's one thread multiplies float32 matrices at {sft_bench.matmul_peak_gflops} GFLOP/s and "
