@@ -13,16 +13,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from .rl import rl_args, rl_tasks, sft_start, train_rl
+from .rl import rl_args, sft_start, train_rl
 from .rl_health import read_health
 from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'choose_updates', 'train_seeds',
-           'Choice', 'choose_on_val', 'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_arms',
-           'behaviour_tables', 'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict',
-           'found_figures']
+__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates', 'edge_pool',
+           'pool_figures', 'choose_updates', 'train_seeds', 'Choice', 'choose_on_val', 'Tested', 'score_on_test',
+           'paired_rl_sft', 'mean_sd', 'study_arms', 'behaviour_tables', 'health_figures', 'study_figures',
+           'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -63,13 +63,14 @@ def rl_candidates(run: Path | str, n: int = 3) -> dict[str, Path]:
 
 # %% ../nbs/10c_rl_study.ipynb #a5a10398
 def graded(study: SeedsStudy, name: str, model: Path | str, tasks: Sequence[Task], sampled: bool = False,
-           k: int = 1) -> list[dict]:
-    """`model`'s records on `tasks` as the profile evaluates (`eval_config`: greedy, or sampled `k` times a question),
-    in `root/<name>.jsonl`, the model on its own engine; records made from the same inputs are read back."""
+           k: int = 1, config=None) -> list[dict]:
+    """`model`'s records on `tasks` as the profile evaluates (`eval_config`: greedy, or sampled `k` times a question;
+    or at `config`), in `root/<name>.jsonl`, the model on its own engine; records made from the same inputs are read
+    back."""
     from afm.engine_local import profile_engine
     from afm.evaluate import eval_config, eval_identity, records, weights_stamp
     from afm.world import tool_sizes
-    config = eval_config(study.profile, sampled, seed=0, system=study.system)
+    config = config or eval_config(study.profile, sampled, seed=0, system=study.system)
     identity = eval_identity(weights_stamp(model), tasks, config, k, tool_sizes(study.profile))
     return records(study.root / f"{name}.jsonl", lambda: profile_engine(model, study.profile), tasks, study.box,
                    config, k, identity=identity, stale="restart")
@@ -80,8 +81,37 @@ def overall(records: Sequence[dict]) -> float:
     from afm.evaluate import suite_rows
     return suite_rows(records)[-1]["avg@k"]
 
+# %% ../nbs/10c_rl_study.ipynb #fd791c8a
+def pass_rates(records: Sequence[dict]) -> dict[str, float]:
+    "Each task's mean reward over its samples in `records`."
+    by: dict[str, list[float]] = {}
+    for r in records: by.setdefault(r["task_id"], []).append(float(r["reward"]))
+    return {t: sum(v) / len(v) for t, v in by.items()}
+
+
+def edge_pool(tasks: Sequence[Task], rates: dict[str, float], seed: int = 0) -> list[Task]:
+    """The tasks of `tasks` whose pass rate (`rates`) is strictly between 0 and 1, each kept with probability
+    4p(1 − p): draws from the pool lean toward the tasks solved half the time. The same rates and seed, the same
+    pool."""
+    import random
+    rng = random.Random(seed)
+    return [t for t in tasks if 0 < (p := rates[t.id]) < 1 and rng.random() < 4 * p * (1 - p)]
+
+# %% ../nbs/10c_rl_study.ipynb #000fe7f3
+def pool_figures(tasks: Sequence[Task], rates: dict[str, float], pool: Sequence[Task]) -> dict:
+    "The pool's size and share of the rl tasks, and per suite: the tasks never solved, sometimes, always, and kept."
+    suites = sorted({t.source for t in tasks})
+    count = lambda ts, f: sum(1 for t in ts if f(rates[t.id]))
+    by = {s: [t for t in tasks if t.source == s] for s in suites}
+    return {"pool_size": len(pool), "pool_share": round(len(pool) / max(1, len(tasks)), 4),
+            "pool_by_suite": {s: {"tasks": len(ts), "never": count(ts, lambda p: p == 0),
+                                  "sometimes": count(ts, lambda p: 0 < p < 1), "always": count(ts, lambda p: p == 1),
+                                  "kept": sum(t.source == s for t in pool),
+                                  "share": round(sum(t.source == s for t in pool) / max(1, len(ts)), 4)}
+                              for s, ts in by.items()}}
+
 # %% ../nbs/10c_rl_study.ipynb #7c1d5e21
-def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites: Sequence[str], per_suite: int,
+def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, tasks: Sequence[Task],
                    val_tasks: Sequence[Task]) -> dict:
     """`updates_per_generation` chosen on `val_tasks` by success an hour: per value of `choices` a run of `steps` steps
     (rounded up to whole generations) from the study's start, seed 0, in `root/mu<μ>`; its final model scored on val;
@@ -89,7 +119,7 @@ def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites
     from afm.core import load_profile
     from afm.rollout import rollout_config
     prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    tasks, config = rl_tasks(suites, per_suite, *study.world), rollout_config(study.profile, "rl", system=study.system)
+    config = rollout_config(study.profile, "rl", system=study.system)
     start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
     for mu in choices:
         n = -(-steps // mu) * mu
@@ -102,15 +132,14 @@ def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, suites
     return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda mu: runs[mu]["val_gain_per_hour"])}
 
 # %% ../nbs/10c_rl_study.ipynb #b0c3e3c4
-def train_seeds(study: SeedsStudy, seeds: int, steps: int, suites: Sequence[str], per_suite: int,
+def train_seeds(study: SeedsStudy, seeds: int, steps: int, tasks: Sequence[Task],
                 updates_per_generation: int | None = None) -> dict[int, dict]:
-    """`seeds` RL runs of `steps` steps each from the study's start on the rl split of `suites` (`per_suite` tasks a
-    suite), seed `n` in `root/seed<n>`, sampling as RL does (`rollout_config(profile, "rl")`), with
-    `updates_per_generation` (None: the profile's); their figures by seed."""
+    """`seeds` RL runs of `steps` steps each from the study's start on `tasks` (rl-split tasks: `rl_tasks`, or the
+    pool `edge_pool` keeps of them), seed `n` in `root/seed<n>`, sampling as RL does (`rollout_config(profile, "rl")`),
+    with `updates_per_generation` (None: the profile's); their figures by seed."""
     from afm.core import load_profile
     from afm.rollout import rollout_config
     prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    tasks = rl_tasks(suites, per_suite, *study.world)
     config = rollout_config(study.profile, "rl", system=study.system)  # RL's decoding: rl_* keys over the rollout's
     runs, mu = {}, {} if updates_per_generation is None else {"updates_per_generation": updates_per_generation}
     for seed in range(seeds):
