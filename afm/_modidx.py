@@ -1071,7 +1071,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'afm.sft_recipe.tiny_for': ('sft_recipe.html#tiny_for', 'afm/sft_recipe.py'),
                                 'afm.sft_recipe.world_texts': ('sft_recipe.html#world_texts', 'afm/sft_recipe.py')},
             'afm.strategies': { 'afm.strategies._role': ('strategies.html#_role', 'afm/strategies.py'),
-                                'afm.strategies._ways': ('strategies.html#_ways', 'afm/strategies.py'),
+                                'afm.strategies.record_strategies': ('strategies.html#record_strategies', 'afm/strategies.py'),
                                 'afm.strategies.strategies': ('strategies.html#strategies', 'afm/strategies.py'),
                                 'afm.strategies.strategy_gap': ('strategies.html#strategy_gap', 'afm/strategies.py'),
                                 'afm.strategies.strategy_rows': ('strategies.html#strategy_rows', 'afm/strategies.py'),

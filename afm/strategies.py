@@ -12,7 +12,7 @@ from .tasks import Task
 from .world_suites import WORLD_SUITES
 
 # %% auto #0
-__all__ = ['STRATEGIES', 'strategies', 'strategy_table', 'strategy_rows', 'strategy_gap']
+__all__ = ['STRATEGIES', 'strategies', 'strategy_table', 'strategy_rows', 'record_strategies', 'strategy_gap']
 
 # %% ../nbs/04b_strategies.ipynb #5a7e0c05
 STRATEGIES = {"compute": ("code", "hand"), "source": ("page", "snippet"), "verify": ("checked", "unchecked")}
@@ -64,8 +64,10 @@ def strategy_rows(table: dict[str, dict[str, dict[str, Any]]], **columns: dict) 
     return rows
 
 # %% ../nbs/04b_strategies.ipynb #0752a38a
-def _ways(records: Iterable[dict], tasks: dict[str, Task]) -> list[tuple[dict[str, str], float]]:
-    return [(strategies((r.get("trajectory") or {}).get("steps") or [], tasks[r["task_id"]]), r["reward"])
+def record_strategies(records: Iterable[dict], tasks: Sequence[Task]) -> list[tuple[dict[str, str], float]]:
+    "`(strategies, reward)` of each evaluation record (`task_id`, `reward`, `trajectory`) on `tasks`."
+    by_id = {t.id: t for t in tasks}
+    return [(strategies((r.get("trajectory") or {}).get("steps") or [], by_id[r["task_id"]]), r["reward"])
             for r in records]
 
 
@@ -73,8 +75,7 @@ def strategy_gap(greedy: Sequence[dict], sampled: Sequence[dict], tasks: Sequenc
     """Per choice of `STRATEGIES`: the sampled episodes' success by way, the greedy episodes' share of the fragile
     way, and the room RL has there (that share times the robust way's sampled success less the fragile one's, at least
     0); from evaluation records (`task_id`, `reward`, `trajectory`) of one model on `tasks`."""
-    by_id = {t.id: t for t in tasks}
-    hot, cold = strategy_table(_ways(sampled, by_id)), strategy_table(_ways(greedy, by_id))
+    hot, cold = strategy_table(record_strategies(sampled, tasks)), strategy_table(record_strategies(greedy, tasks))
     out = {}
     for choice, (robust, fragile) in STRATEGIES.items():
         if choice not in hot and choice not in cold: continue
