@@ -28,11 +28,11 @@ from .tools import Toolbox
 from .world_suites import GENERATED_SUITES
 
 # %% auto #0
-__all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'grade_episode', 'evaluate', 'suite_tasks',
+__all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'TEST_LEDGER', 'grade_episode', 'evaluate', 'suite_tasks',
            'suite_chance', 'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean',
            'markdown_table', 'paired_bootstrap', 'vote', 'self_check', 'best_of_n', 'choose', 'read_records',
            'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out', 'writer_lock', 'MissingRecords',
-           'identity_file', 'records', 'eval_config']
+           'identity_file', 'log_test', 'records', 'eval_config']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None,
@@ -401,6 +401,40 @@ def _start(path: Path, identity: dict) -> None:
     path.with_suffix(".key.json").unlink(missing_ok=True)  # the name it had before
     write_json(path.with_suffix(".identity.json"), identity, indent=1)
 
+# %% ../nbs/08a_evaluate.ipynb #8bb3fe09
+TEST_LEDGER = "AFM_TEST_LEDGER"  # the environment variable naming the ledger file (`afm run` sets it)
+
+
+def _head() -> str | None:
+    "The commit the code is at (its first 12 hex digits, `+changes` when the tree differs), or None outside git."
+    import subprocess
+    from afm.core import repo_root
+    try:
+        root = repo_root()
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError): return None  # no clone here (FileNotFoundError), or no git
+    return head[:12] + "+changes" * bool(dirty) if head else None
+
+
+def log_test(path: Path, identity: dict, tasks: Sequence[Task]) -> dict | None:
+    """Append to the test ledger (`$AFM_TEST_LEDGER`, if set) that `tasks`, `test` questions, were scored into the
+    records file `path` as `identity`; the line written (None with no ledger)."""
+    import datetime
+    import fcntl
+    if not (ledger := os.environ.get(TEST_LEDGER)): return None
+    entry = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _head(),
+             "model": identity.get("model"), "weights": identity.get("weights"), "records": str(path),
+             "questions": len({t.id for t in tasks}), "samples": identity.get("k"),
+             "decoding": {k: (identity.get("rollout") or {}).get(k) for k in ("temperature", "top_p")}}
+    Path(ledger).parent.mkdir(parents=True, exist_ok=True)
+    with open(ledger, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps(entry) + "\n")
+    return entry
+
 # %% ../nbs/08a_evaluate.ipynb #362f993a
 def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequence[Task],
             toolbox: Toolbox | None = None, config: RolloutConfig | None = None, k: int = 1,
@@ -439,6 +473,7 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
                 good = _append(path, [r for r in recs if r["end"] != "engine_error"])
                 done.update(((r["task_id"], r["sample"]), r) for r in good)
                 bar.update(len(chunk))
+        if scored := [t for t, _ in todo if t.split == "test"]: log_test(path, identity, scored)
     if failed: raise MissingRecords(path, len(tasks) * k, failed)
     return [done[(t.id, s)] for t in tasks for s in range(k)]
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from .card import write_reports
 from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
                       load_profiles, read_json, repo_root, settings_path)
+from .evaluate import TEST_LEDGER
 from .prose import duration
 from .record import (chapter_folder, chapter_modules, file_sha256, git_commit, library_sha256, machine,
                         previous_record, versions)
@@ -315,7 +316,8 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
         try:
             with Ticker(say, every=None if bar.disable else 10.0):
                 record[key] = run_chapter(nb, key, step.parameters, reports, log=log,
-                                          env={"AFM_SETTINGS": str(settings)})
+                                          env={"AFM_SETTINGS": str(settings),  # and every test scoring logged
+                                               TEST_LEDGER: str(reports / "test_ledger.jsonl")})
         except RuntimeError as e:
             failure = e
             done.unlink(missing_ok=True)

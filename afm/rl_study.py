@@ -21,8 +21,8 @@ from .tools import Toolbox
 # %% auto #0
 __all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates', 'edge_pool',
            'pool_figures', 'choose_updates', 'train_seeds', 'Choice', 'choose_on_val', 'Tested', 'score_on_test',
-           'paired_rl_sft', 'mean_sd', 'study_arms', 'behaviour_tables', 'health_figures', 'study_figures',
-           'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
+           'paired_rl_sft', 'mean_sd', 'study_ledger', 'study_arms', 'behaviour_tables', 'health_figures',
+           'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -215,6 +215,18 @@ def paired_rl_sft(test: dict[str, list[dict]], seeds: Sequence[int]) -> dict[str
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     "The mean and standard deviation of `xs` (a score over seeds), to four places; one seed's deviation is 0."
     return round(statistics.mean(xs), 4), round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0
+
+# %% ../nbs/10c_rl_study.ipynb #525dbd2a
+def study_ledger(ledger: Path | str, study: SeedsStudy, chosen: Sequence[int]) -> list[dict]:
+    """The ledger's lines for test records in the study's folder; a ValueError naming the first one that is not the
+    records of a reported model (the SFT model's, and each `chosen` seed's `test_greedy` and `test_t1`)."""
+    reported = {study.root / f"{p}.jsonl" for p in ("test_sft_greedy", "test_sft_t1")} | {
+        study.root / f"seed{s}" / f"{m}.jsonl" for s in chosen for m in ("test_greedy", "test_t1")}
+    lines = [json.loads(line) for line in Path(ledger).read_text().splitlines()] if Path(ledger).is_file() else []
+    mine = [e for e in lines if Path(e["records"]).is_relative_to(study.root)]
+    if stray := [e["records"] for e in mine if Path(e["records"]) not in reported]:
+        raise ValueError(f"the test ledger {ledger} shows test scored into {stray[0]}, no reported model's records")
+    return mine
 
 # %% ../nbs/10c_rl_study.ipynb #5842c948
 def study_arms(test: dict[str, list[dict]], seeds: Sequence[int], t1: str) -> dict[str, list[dict]]:
