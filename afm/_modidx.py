@@ -373,6 +373,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.evaluate.macro_mean': ('evaluate.html#macro_mean', 'afm/evaluate.py'),
                               'afm.evaluate.markdown_table': ('evaluate.html#markdown_table', 'afm/evaluate.py'),
                               'afm.evaluate.paired_bootstrap': ('evaluate.html#paired_bootstrap', 'afm/evaluate.py'),
+                              'afm.evaluate.paired_bootstrap_seeds': ('evaluate.html#paired_bootstrap_seeds', 'afm/evaluate.py'),
                               'afm.evaluate.pass_at_k': ('evaluate.html#pass_at_k', 'afm/evaluate.py'),
                               'afm.evaluate.read_records': ('evaluate.html#read_records', 'afm/evaluate.py'),
                               'afm.evaluate.records': ('evaluate.html#records', 'afm/evaluate.py'),

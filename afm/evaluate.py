@@ -30,9 +30,9 @@ from .world_suites import GENERATED_SUITES
 # %% auto #0
 __all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'TEST_LEDGER', 'grade_episode', 'evaluate', 'suite_tasks',
            'suite_chance', 'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean',
-           'markdown_table', 'paired_bootstrap', 'vote', 'self_check', 'best_of_n', 'choose', 'read_records',
-           'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out', 'writer_lock', 'MissingRecords',
-           'identity_file', 'log_test', 'records', 'eval_config']
+           'markdown_table', 'paired_bootstrap', 'paired_bootstrap_seeds', 'vote', 'self_check', 'best_of_n', 'choose',
+           'read_records', 'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out', 'writer_lock',
+           'MissingRecords', 'identity_file', 'log_test', 'records', 'eval_config']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None,
@@ -197,6 +197,27 @@ def paired_bootstrap(a: Sequence[dict], b: Sequence[dict], n_boot: int = 2000, s
     means = d[np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))].mean(1)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return {"questions": len(d), "difference": round(float(d.mean()), 4),
+            "ci95": (round(float(lo), 4), round(float(hi), 4)), "share_le_0": round(float((means <= 0).mean()), 4)}
+
+# %% ../nbs/08a_evaluate.ipynb #b59c31ec
+def paired_bootstrap_seeds(runs: Sequence[Sequence[dict]], b: Sequence[dict], n_boot: int = 2000, seed: int = 0,
+                           level: float = 0.95) -> dict:
+    """The records of several runs (seeds) of A against B's on the same questions: the mean difference, and a 95%
+    bootstrap interval that resamples the seeds and then the questions; the share of resamples <= 0."""
+    import numpy as np
+    if not runs: raise ValueError("paired_bootstrap_seeds: no runs")
+    sb = _question_scores(b)
+    scores = [_question_scores(r) for r in runs]
+    for i, s in enumerate(scores):
+        if set(s) != set(sb) or not s:
+            raise ValueError(f"a paired comparison needs records of the same questions: run {i} differs from B's")
+    qs = sorted(sb)
+    d = np.array([[s[t] - sb[t] for t in qs] for s in scores])  # runs x questions
+    rng = np.random.default_rng(seed)
+    pick_runs, pick_qs = rng.integers(0, len(runs), (n_boot, len(runs))), rng.integers(0, len(qs), (n_boot, len(qs)))
+    means = np.array([d[r][:, q].mean() for r, q in zip(pick_runs, pick_qs)])
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"questions": len(qs), "seeds": len(runs), "difference": round(float(d.mean()), 4),
             "ci95": (round(float(lo), 4), round(float(hi), 4)), "share_le_0": round(float((means <= 0).mean()), 4)}
 
 # %% ../nbs/08a_evaluate.ipynb #113d03cc

@@ -200,15 +200,17 @@ def score_on_test(study: SeedsStudy, chosen: dict[int, Path], tasks: Sequence[Ta
 # %% ../nbs/10c_rl_study.ipynb #5142c284
 def paired_rl_sft(test: dict[str, list[dict]], seeds: Sequence[int]) -> dict[str, dict]:
     """RL − SFT on the same test questions, a paired bootstrap over them, greedy and sampled (`t1`): per seed
-    (`seed<n>_<mode>`) and with the seeds pooled (`pooled_<mode>`: `afm.analysis.pool_seeds`)."""
+    (`seed<n>_<mode>`), with the seeds pooled as samples (`pooled_<mode>`: `afm.analysis.pool_seeds`), and resampling
+    the seeds as well as the questions (`seeds_<mode>`: `afm.evaluate.paired_bootstrap_seeds`)."""
     from afm.analysis import pool_seeds
-    from afm.evaluate import paired_bootstrap
+    from afm.evaluate import paired_bootstrap, paired_bootstrap_seeds
     paired = {}
     for mode in ("greedy", "t1"):
         for seed in seeds:
             paired[f"seed{seed}_{mode}"] = paired_bootstrap(test[f"rl{seed}_{mode}"], test[f"sft_{mode}"])
-        pooled = pool_seeds([test[f"rl{seed}_{mode}"] for seed in seeds])
-        paired[f"pooled_{mode}"] = paired_bootstrap(pooled, test[f"sft_{mode}"])
+        runs = [test[f"rl{seed}_{mode}"] for seed in seeds]
+        paired[f"pooled_{mode}"] = paired_bootstrap(pool_seeds(runs), test[f"sft_{mode}"])
+        paired[f"seeds_{mode}"] = paired_bootstrap_seeds(runs, test[f"sft_{mode}"])
     return paired
 
 # %% ../nbs/10c_rl_study.ipynb #36a26b0c
@@ -282,7 +284,8 @@ def study_figures(study: SeedsStudy, runs: dict[int, dict], steps: int, choice: 
             "heldout_sft_greedy": score["sft_greedy"], "heldout_sft_t1": score["sft_t1"],
             "val_sft_greedy": choice.sft, "val_rl_greedy": choice.scores, **rl,
             "paired_ci_greedy": paired["pooled_greedy"], "paired_ci_t1": paired["pooled_t1"],
-            "paired_per_seed": {k: v for k, v in paired.items() if not k.startswith("pooled")},
+            "paired_ci_greedy_seeds": paired["seeds_greedy"], "paired_ci_t1_seeds": paired["seeds_t1"],
+            "paired_per_seed": {k: v for k, v in paired.items() if k.startswith("seed") and k[4].isdigit()},
             "chance": tested.chance, **health_figures(study, runs), "behaviour": tables[0], "failure_modes": tables[1],
             "chosen": {seed: f.name for seed, f in choice.chosen.items()}, "start_model": str(study.start)}
 
