@@ -19,10 +19,10 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates', 'edge_pool',
-           'pool_figures', 'choose_updates', 'train_seeds', 'Choice', 'choose_on_val', 'Tested', 'score_on_test',
-           'paired_rl_sft', 'mean_sd', 'study_ledger', 'study_arms', 'behaviour_tables', 'health_figures',
-           'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
+__all__ = ['STAND_IN_ARGS', 'RL_DECODING', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates',
+           'edge_pool', 'pool_figures', 'run_settings', 'choose_variant', 'train_seeds', 'Choice', 'choose_on_val',
+           'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_ledger', 'study_arms', 'behaviour_tables',
+           'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -111,41 +111,50 @@ def pool_figures(tasks: Sequence[Task], rates: dict[str, float], pool: Sequence[
                               for s, ts in by.items()}}
 
 # %% ../nbs/10c_rl_study.ipynb #7c1d5e21
-def choose_updates(study: SeedsStudy, choices: Sequence[int], steps: int, tasks: Sequence[Task],
-                   val_tasks: Sequence[Task]) -> dict:
-    """`updates_per_generation` chosen on `val_tasks` by success an hour: per value of `choices` a run of `steps` steps
-    (rounded up to whole generations) from the study's start, seed 0, in `root/mu<μ>`; its final model scored on val;
-    the val gain over the start per hour of the run. The runs' figures by μ, the start's val score and the choice."""
+RL_DECODING = ("temperature", "top_p")  # the settings of a variant that RL's rollouts take; the others are RLArgs'
+
+
+def run_settings(study: SeedsStudy, overrides: dict, **args):
+    """`(RLArgs, RolloutConfig)` of a run from the study's start: the profile's, `overrides` (RLArgs fields, or
+    `RL_DECODING`'s for the rollouts) and `args` over them; a checkpoint every `save_steps` rounded up to whole
+    generations (a run resumes at a generation's start)."""
     from afm.core import load_profile
     from afm.rollout import rollout_config
     prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    config = rollout_config(study.profile, "rl", system=study.system)
+    config = rollout_config(study.profile, "rl", system=study.system,
+                            **{k: v for k, v in overrides.items() if k in RL_DECODING})
+    rl = rl_args(prof, model=str(study.start), **{k: v for k, v in overrides.items() if k not in RL_DECODING},
+                 **{**small, **args})
+    every = rl.updates_per_generation
+    return replace(rl, save_steps=-(-rl.save_steps // every) * every), config
+
+
+def choose_variant(study: SeedsStudy, variants: dict[str, dict], steps: int, tasks: Sequence[Task],
+                   val_tasks: Sequence[Task]) -> dict:
+    """The variant of RL's settings (`{label: overrides}`, as `run_settings` takes them) chosen on `val_tasks` by
+    success an hour: per variant a run of `steps` steps (rounded up to whole generations) from the study's start, seed
+    0, in `root/<label>`; its final model scored on val; the val gain over the start per hour of the run. The runs'
+    figures by label, the start's val score and the chosen label."""
     start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
-    for mu in choices:
-        n = -(-steps // mu) * mu
-        args = rl_args(prof, max_steps=n, save_steps=n, updates_per_generation=mu, seed=0, model=str(study.start),
-                       **small)
-        run = train_rl(tasks, study.root / f"mu{mu}", args, config, study.box, progress=False)
-        val = overall(graded(study, f"mu{mu}/val_final", study.root / f"mu{mu}" / "model", val_tasks))
-        runs[mu] = {"steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"], "val": val,
-                    "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
-    return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda mu: runs[mu]["val_gain_per_hour"])}
+    for label, overrides in variants.items():
+        args, config = run_settings(study, overrides, seed=0)
+        n = -(-steps // args.updates_per_generation) * args.updates_per_generation
+        run = train_rl(tasks, study.root / label, replace(args, max_steps=n, save_steps=n), config, study.box,
+                       progress=False)
+        val = overall(graded(study, f"{label}/val_final", study.root / label / "model", val_tasks))
+        runs[label] = {"settings": overrides, "steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"],
+                       "val": val, "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
+    return {"start_val": start, "runs": runs, "chosen": max(runs, key=lambda k: runs[k]["val_gain_per_hour"])}
 
 # %% ../nbs/10c_rl_study.ipynb #b0c3e3c4
 def train_seeds(study: SeedsStudy, seeds: int, steps: int, tasks: Sequence[Task],
-                updates_per_generation: int | None = None) -> dict[int, dict]:
+                overrides: dict | None = None) -> dict[int, dict]:
     """`seeds` RL runs of `steps` steps each from the study's start on `tasks` (rl-split tasks: `rl_tasks`, or the
-    pool `edge_pool` keeps of them), seed `n` in `root/seed<n>`, sampling as RL does (`rollout_config(profile, "rl")`),
-    with `updates_per_generation` (None: the profile's); their figures by seed."""
-    from afm.core import load_profile
-    from afm.rollout import rollout_config
-    prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    config = rollout_config(study.profile, "rl", system=study.system)  # RL's decoding: rl_* keys over the rollout's
-    runs, mu = {}, {} if updates_per_generation is None else {"updates_per_generation": updates_per_generation}
+    pool `edge_pool` keeps of them), seed `n` in `root/seed<n>`, with `overrides` of the profile's settings (as
+    `run_settings` takes them); their figures by seed."""
+    runs = {}
     for seed in range(seeds):
-        args = rl_args(prof, max_steps=steps, seed=seed, model=str(study.start), **mu, **small)
-        every = args.updates_per_generation  # a checkpoint at a generation's start: a run resumes there
-        args = replace(args, save_steps=-(-args.save_steps // every) * every)
+        args, config = run_settings(study, overrides or {}, max_steps=steps, seed=seed)
         runs[seed] = train_rl(tasks, study.root / f"seed{seed}", args, config, study.box, progress=False)
     return runs
 
