@@ -483,11 +483,11 @@ def distill(out: Path | str, cfg: DistillConfig | None = None, brain=None, box: 
 def strategy_figures(answered: Sequence[tuple[Trajectory, Task]], kept: Sequence[Trajectory],
                      tasks: Sequence[Task]) -> dict[str, dict]:
     """The teacher's strategy choices (`afm.strategies`): over its answered runs, each way's share and success
-    (`teacher`); over the kept rows, each copy counted once, each way's share (`kept`)."""
+    (`teacher`); over the kept rows (an up-sampled row once, its copies left out), each way's share (`kept`)."""
     by_id = {t.id: t for t in tasks}
     runs = [(ways, grade(task, t.answer) if t.answer is not None else 0.0) for t, task in answered
-            if (ways := strategies(t.steps, task))]  # world questions only: their grades need no judge
-    rows = [(strategies(t.steps, by_id[t.task_id]), 1.0) for t in kept if not t.meta.get("copy")]
+            if (ways := strategies(t.steps, task, t.answer))]  # world questions only: their grades need no judge
+    rows = [(strategies(t.steps, by_id[t.task_id], t.answer), 1.0) for t in kept if not t.meta.get("copy")]
     return {"teacher": strategy_table(runs), "kept": strategy_table(rows)}
 
 # %% ../nbs/05_distill.ipynb #c2b4add7

@@ -484,6 +484,7 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
             judge = require_judge([t for t, _ in todo], judge)  # before the engine is built
             if not isinstance(engine, Engine): engine = engine()
         if fresh: _start(path, identity)  # once the model has loaded
+        if scored := [t for t, _ in todo if t.split == "test"]: log_test(path, identity, scored)  # before: a crash too
         failed = []
         with progress_bar(total=len(todo), desc="records", unit="pair", disable=not (progress and todo)) as bar:
             for i in range(0, len(todo), batch):
@@ -494,7 +495,6 @@ def records(path: Path | str, engine: Engine | Callable[[], Engine], tasks: Sequ
                 good = _append(path, [r for r in recs if r["end"] != "engine_error"])
                 done.update(((r["task_id"], r["sample"]), r) for r in good)
                 bar.update(len(chunk))
-        if scored := [t for t, _ in todo if t.split == "test"]: log_test(path, identity, scored)
     if failed: raise MissingRecords(path, len(tasks) * k, failed)
     return [done[(t.id, s)] for t in tasks for s in range(k)]
 

@@ -8,6 +8,7 @@ model the SFT chapter chose, validation choosing each seed's checkpoint, test sc
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -91,11 +92,11 @@ def pass_rates(records: Sequence[dict]) -> dict[str, float]:
 
 def edge_pool(tasks: Sequence[Task], rates: dict[str, float], seed: int = 0) -> list[Task]:
     """The tasks of `tasks` whose pass rate (`rates`) is strictly between 0 and 1, each kept with probability
-    4p(1 − p): draws from the pool lean toward the tasks solved half the time. The same rates and seed, the same
-    pool."""
+    4p(1 − p) (a draw of its own, seeded by `seed` and its id): draws from the pool lean toward the tasks solved half
+    the time."""
     import random
-    rng = random.Random(seed)
-    return [t for t in tasks if 0 < (p := rates[t.id]) < 1 and rng.random() < 4 * p * (1 - p)]
+    keep = lambda t, p: random.Random(f"{seed}:{t.id}").random() < 4 * p * (1 - p)  # each task's own draw
+    return [t for t in tasks if 0 < (p := rates[t.id]) < 1 and keep(t, p)]
 
 # %% ../nbs/10c_rl_study.ipynb #000fe7f3
 def pool_figures(tasks: Sequence[Task], rates: dict[str, float], pool: Sequence[Task]) -> dict:
@@ -116,17 +117,17 @@ RL_DECODING = ("temperature", "top_p")  # the settings of a variant that RL's ro
 
 def run_settings(study: SeedsStudy, overrides: dict, **args):
     """`(RLArgs, RolloutConfig)` of a run from the study's start: the profile's, `overrides` (RLArgs fields, or
-    `RL_DECODING`'s for the rollouts) and `args` over them; a checkpoint every `save_steps` rounded up to whole
-    generations (a run resumes at a generation's start)."""
+    `RL_DECODING`'s for the rollouts) and `args` over them; its steps and the steps between checkpoints rounded up to
+    whole generations (a run resumes at a generation's start)."""
     from afm.core import load_profile
     from afm.rollout import rollout_config
     prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
     config = rollout_config(study.profile, "rl", system=study.system,
                             **{k: v for k, v in overrides.items() if k in RL_DECODING})
-    rl = rl_args(prof, model=str(study.start), **{k: v for k, v in overrides.items() if k not in RL_DECODING},
-                 **{**small, **args})
-    every = rl.updates_per_generation
-    return replace(rl, save_steps=-(-rl.save_steps // every) * every), config
+    rl = rl_args(prof, **{"model": str(study.start), **{k: v for k, v in overrides.items() if k not in RL_DECODING},
+                          **small, **args})
+    whole = lambda n: -(-n // rl.updates_per_generation) * rl.updates_per_generation
+    return replace(rl, max_steps=whole(rl.max_steps), save_steps=whole(rl.save_steps)), config
 
 
 def choose_variant(study: SeedsStudy, variants: dict[str, dict], steps: int, tasks: Sequence[Task],
@@ -137,10 +138,9 @@ def choose_variant(study: SeedsStudy, variants: dict[str, dict], steps: int, tas
     figures by label, the start's val score and the chosen label."""
     start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
     for label, overrides in variants.items():
-        args, config = run_settings(study, overrides, seed=0)
-        n = -(-steps // args.updates_per_generation) * args.updates_per_generation
-        run = train_rl(tasks, study.root / label, replace(args, max_steps=n, save_steps=n), config, study.box,
-                       progress=False)
+        args, config = run_settings(study, overrides, seed=0, max_steps=steps)
+        n = args.max_steps
+        run = train_rl(tasks, study.root / label, replace(args, save_steps=n), config, study.box, progress=False)
         val = overall(graded(study, f"{label}/val_final", study.root / label / "model", val_tasks))
         runs[label] = {"settings": overrides, "steps": n, "seconds": run["seconds"], "clip_ratio": run["clip_ratio"],
                        "val": val, "val_gain_per_hour": round((val - start) * 3600 / max(run["seconds"], 1e-9), 4)}
@@ -149,9 +149,9 @@ def choose_variant(study: SeedsStudy, variants: dict[str, dict], steps: int, tas
 # %% ../nbs/10c_rl_study.ipynb #b0c3e3c4
 def train_seeds(study: SeedsStudy, seeds: int, steps: int, tasks: Sequence[Task],
                 overrides: dict | None = None) -> dict[int, dict]:
-    """`seeds` RL runs of `steps` steps each from the study's start on `tasks` (rl-split tasks: `rl_tasks`, or the
-    pool `edge_pool` keeps of them), seed `n` in `root/seed<n>`, with `overrides` of the profile's settings (as
-    `run_settings` takes them); their figures by seed."""
+    """`seeds` RL runs of `steps` steps each (rounded up to whole generations) from the study's start on `tasks`
+    (rl-split tasks: `rl_tasks`, or the pool `edge_pool` keeps of them), seed `n` in `root/seed<n>`, with `overrides`
+    of the profile's settings (as `run_settings` takes them); their figures by seed."""
     runs = {}
     for seed in range(seeds):
         args, config = run_settings(study, overrides or {}, max_steps=steps, seed=seed)
@@ -228,15 +228,19 @@ def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     return round(statistics.mean(xs), 4), round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0
 
 # %% ../nbs/10c_rl_study.ipynb #525dbd2a
-def study_ledger(ledger: Path | str, study: SeedsStudy, chosen: Sequence[int]) -> list[dict]:
-    """The ledger's lines for test records in the study's folder; a ValueError naming the first one that is not the
-    records of a reported model (the SFT model's, and each `chosen` seed's `test_greedy` and `test_t1`)."""
-    reported = {study.root / f"{p}.jsonl" for p in ("test_sft_greedy", "test_sft_t1")} | {
-        study.root / f"seed{s}" / f"{m}.jsonl" for s in chosen for m in ("test_greedy", "test_t1")}
+def study_ledger(ledger: Path | str, study: SeedsStudy, chosen: dict[int, Path]) -> list[dict]:
+    """The ledger's lines for test records in the study's folder; a ValueError naming the first that is not a reported
+    model scored into its own records (the SFT model into `test_sft_*`, each seed's `chosen` model into its
+    `seed<n>/test_*`)."""
+    same = lambda a, b: Path(a).resolve() == Path(b).resolve()  # the folder the records name, and the expected one
+    reported = {study.root / f"test_sft_{m}.jsonl": study.start for m in ("greedy", "t1")} | {
+        study.root / f"seed{s}" / f"test_{m}.jsonl": folder for s, folder in chosen.items() for m in ("greedy", "t1")}
     lines = [json.loads(line) for line in Path(ledger).read_text().splitlines()] if Path(ledger).is_file() else []
     mine = [e for e in lines if Path(e["records"]).is_relative_to(study.root)]
-    if stray := [e["records"] for e in mine if Path(e["records"]) not in reported]:
-        raise ValueError(f"the test ledger {ledger} shows test scored into {stray[0]}, no reported model's records")
+    for e in mine:
+        if (want := reported.get(Path(e["records"]))) is None or not same(e["model"], want):
+            raise ValueError(f"the test ledger {ledger} shows {e['model']} scored on test into {e['records']}: no "
+                             "reported model's records")
     return mine
 
 # %% ../nbs/10c_rl_study.ipynb #5842c948
@@ -274,8 +278,8 @@ def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
               for k in ("rollout", "tool", "reward", "training")}
     return {"seconds_per_step": round(seconds, 3), "step_shares": shares,
             "logprob_gap_max": max((h["logprob_gap/max"] or 0.0) for h in health),
-            "importance_ratio_range": [min((h[lo] for h in health if h[lo] is not None), default=None),
-                                       max((h[hi] for h in health if h[hi] is not None), default=None)],
+            "importance_ratio_range": [min((h[lo] for h in health if h.get(lo) is not None), default=None),
+                                       max((h[hi] for h in health if h.get(hi) is not None), default=None)],
             "clip_ratio": round(step("clip_ratio/region_mean"), 4),
             "groups_drawn_per_step": round(generation("groups/drawn"), 2),
             "zero_variance_share": round(generation("groups/zero_variance_share"), 3)}
@@ -294,7 +298,7 @@ def study_figures(study: SeedsStudy, runs: dict[int, dict], steps: int, choice: 
             "val_sft_greedy": choice.sft, "val_rl_greedy": choice.scores, **rl,
             "paired_ci_greedy": paired["pooled_greedy"], "paired_ci_t1": paired["pooled_t1"],
             "paired_ci_greedy_seeds": paired["seeds_greedy"], "paired_ci_t1_seeds": paired["seeds_t1"],
-            "paired_per_seed": {k: v for k, v in paired.items() if k.startswith("seed") and k[4].isdigit()},
+            "paired_per_seed": {k: v for k, v in paired.items() if re.fullmatch(r"seed\d+_(greedy|t1)", k)},
             "chance": tested.chance, **health_figures(study, runs), "behaviour": tables[0], "failure_modes": tables[1],
             "chosen": {seed: f.name for seed, f in choice.chosen.items()}, "start_model": str(study.start)}
 
@@ -355,13 +359,14 @@ def plot_study(study: SeedsStudy, seeds: Sequence[int], tested: Tested, out: Pat
 
 # %% ../nbs/10c_rl_study.ipynb #c43278f4
 def rl_verdict(figures: dict) -> str:
-    "What a seeds study's paired intervals of RL − SFT (pooled over seeds and per seed) say, in words."
-    pooled = {m: figures[f"paired_ci_{m}"]["ci95"] for m in ("greedy", "t1")}
+    """What a seeds study's paired intervals of RL − SFT (over seeds and per seed) say, in words: the interval that
+    resamples the seeds where the figures hold it, else the one that pools them."""
+    pooled = {m: (figures.get(f"paired_ci_{m}_seeds") or figures[f"paired_ci_{m}"])["ci95"] for m in ("greedy", "t1")}
     every = [*pooled.values(), *(d["ci95"] for d in figures["paired_per_seed"].values())]
     if all(lo <= 0 <= hi for lo, hi in every):
         return "RL does not beat SFT: every interval, per seed and pooled, holds 0"
     side = lambda lo, hi: "above" if lo > 0 else "below" if hi < 0 else "within the noise of"
-    return f"pooled over seeds, RL is {side(*pooled['greedy'])} SFT greedy and {side(*pooled['t1'])} it sampled"
+    return f"over the seeds, RL is {side(*pooled['greedy'])} SFT greedy and {side(*pooled['t1'])} it sampled"
 
 # %% ../nbs/10c_rl_study.ipynb #26361100
 def found_figures(figures: dict) -> dict:

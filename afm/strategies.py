@@ -23,16 +23,26 @@ def _role(step) -> str | None:  # a Step's role, its dict's, or a MAS activation
     return getattr(step, "role", None) or getattr(step, "tag", None)
 
 
-def strategies(steps: Sequence, task: Task) -> dict[str, str]:
-    """The way a trajectory of `task` (its `steps`: `afm.coa.Step`s or their dicts, or a MAS run's activations) took at
-    each choice of `STRATEGIES` the task offers; {} for a task that offers none (not a world question)."""
+def _observation(step) -> str:
+    return (step.get("observation") if isinstance(step, dict) else getattr(step, "observation", None)) or ""
+
+
+def strategies(steps: Sequence, task: Task, answer: str | None = None) -> dict[str, str]:
+    """The way a trajectory of `task` (its `steps`: `afm.coa.Step`s or their dicts, or a MAS run's activations; its
+    final `answer`) took at each choice of `STRATEGIES` the task offers; {} for a task that offers none (not a world
+    question). `code`: a program printed the final answer (any program ran, when there is none); `checked`: the last
+    step before the answer is a double check; `page`: a page was read."""
     ops = [s.get("op") for s in task.gold_path]
     if task.source not in WORLD_SUITES or "read" not in ops: return {}
-    roles = {_role(s) for s in steps}
+    roles = [_role(s) for s in steps]
     out = {}
-    if "compute" in ops or "compare" in ops: out["compute"] = "code" if "code" in roles else "hand"
+    if "compute" in ops or "compare" in ops:
+        ran = [_observation(s) for s in steps if _role(s) == "code"]
+        out["compute"] = "code" if (any(answer.strip() in o for o in ran) if answer and answer.strip() else ran) \
+            else "hand"
     elif ops.count("read") == 1: out["source"] = "page" if "crawl_page" in roles else "snippet"
-    out["verify"] = "checked" if "double_check" in roles else "unchecked"
+    acts = [r for r in roles if r not in ("think", "answer")]
+    out["verify"] = "checked" if acts and acts[-1] == "double_check" else "unchecked"
     return out
 
 # %% ../nbs/04b_strategies.ipynb #5a7e0c08
@@ -67,8 +77,8 @@ def strategy_rows(table: dict[str, dict[str, dict[str, Any]]], **columns: dict) 
 def record_strategies(records: Iterable[dict], tasks: Sequence[Task]) -> list[tuple[dict[str, str], float]]:
     "`(strategies, reward)` of each evaluation record (`task_id`, `reward`, `trajectory`) on `tasks`."
     by_id = {t.id: t for t in tasks}
-    return [(strategies((r.get("trajectory") or {}).get("steps") or [], by_id[r["task_id"]]), r["reward"])
-            for r in records]
+    return [(strategies((r.get("trajectory") or {}).get("steps") or [], by_id[r["task_id"]], r.get("answer")),
+             r["reward"]) for r in records]
 
 
 def strategy_gap(greedy: Sequence[dict], sampled: Sequence[dict], tasks: Sequence[Task]) -> dict[str, dict[str, Any]]:

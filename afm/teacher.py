@@ -254,7 +254,7 @@ class OfflineTeacher:
         # e.g. the birth year of the one person the lookups single out: noted from the page already read
         for r in rereads:
             if r["value"] in pages.get(r["url"], ""): learned(_WHAT.get(r["what"], r["what"]), r["title"], r["value"])
-        work = _hand_work(computes, compare)
+        page, work = memory.last_observation(), _hand_work(computes, compare)  # a misreading takes from the page
         if hand and work:  # right with probability (1 - hand_slip) per operation; nothing below catches a slip
             shown, right, ops, among = work
             got = right if rng.random() < (1 - cfg.hand_slip) ** ops else _slip(right, rng, among)
@@ -286,7 +286,7 @@ class OfflineTeacher:
                 yield _Skip(f"{c['expr']} did not print {c['value']}")
                 return
         if misread and not computes:
-            wrong = _other_name(memory.last_observation(), answer, rng)
+            wrong = _other_name(page, answer, rng)
             # unchecked, or the verifier misses it: a wrong answer the quality filter must drop
             if wrong and (unchecked or rng.random() < cfg.p_uncaught):
                 yield from conclude(wrong, f"{wrong} appears on the page read last. Score: 3")
