@@ -24,11 +24,11 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['CHAPTERS', 'DATA_SUFFIXES', 'Chapter', 'chapter', 'cache_dir', 'code_digest', 'package_dir', 'package_file',
-           'read_rows', 'progress_bar', 'repo_root', 'data_dir', 'default_reports', 'settings_path', 'load_profiles',
-           'load_profile', 'declared_parameters', 'chapter_keys', 'check_value', 'check_keys', 'profile_config',
-           'config_parser', 'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError', 'check_range',
-           'check_fields', 'read_json', 'write_json', 'identity_differences', 'identity_gap', 'identity_digest',
-           'RunFolder', 'step_of']
+           'read_rows', 'progress_bar', 'repo_root', 'git_commit', 'data_dir', 'default_reports', 'settings_path',
+           'load_profiles', 'load_profile', 'declared_parameters', 'chapter_keys', 'check_value', 'check_keys',
+           'profile_config', 'config_parser', 'parse_configs', 'stage_parser', 'stage_profile', 'FieldTypeError',
+           'check_range', 'check_fields', 'read_json', 'write_json', 'identity_differences', 'identity_gap',
+           'identity_digest', 'RunFolder', 'step_of']
 
 # %% ../nbs/00a_core.ipynb #2c143c39
 @dataclass(frozen=True)
@@ -215,6 +215,17 @@ def repo_root(start: Path | str | None = None) -> Path:
         if (d / "settings.ini").is_file() and (d / "nbs").is_dir(): return d
     raise FileNotFoundError(f"no afm repository (settings.ini and nbs/) at or above {here}; run this from a "
                             "clone of the repository")
+
+# %% ../nbs/00a_core.ipynb #9b4160d1
+def git_commit(root: Path | str) -> str | None:
+    "The repository's commit (12 hex digits; `+changes` when `afm/` or `nbs/` differ from it), or None outside git."
+    import subprocess
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30)
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--", "afm", "nbs").stdout.strip()
+    except (OSError, subprocess.SubprocessError): return None
+    return None if head.returncode else head.stdout.strip() + "+changes" * bool(changed)
 
 # %% ../nbs/00a_core.ipynb #34e8230b
 def data_dir(stage: str, profile: str, root: Path | str | None = None) -> Path:

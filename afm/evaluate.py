@@ -426,27 +426,16 @@ def _start(path: Path, identity: dict) -> None:
 TEST_LEDGER = "AFM_TEST_LEDGER"  # the environment variable naming the ledger file (`afm run` sets it)
 
 
-def _head() -> str | None:
-    "The commit the code is at (its first 12 hex digits, `+changes` when the tree differs), or None outside git."
-    import subprocess
-    from afm.core import repo_root
-    try:
-        root = repo_root()
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError): return None  # no clone here (FileNotFoundError), or no git
-    return head[:12] + "+changes" * bool(dirty) if head else None
-
-
 def log_test(path: Path, identity: dict, tasks: Sequence[Task]) -> dict | None:
     """Append to the test ledger (`$AFM_TEST_LEDGER`, if set) that `tasks`, `test` questions, were scored into the
     records file `path` as `identity`; the line written (None with no ledger)."""
     import datetime
     import fcntl
+    from afm.core import git_commit, repo_root
     if not (ledger := os.environ.get(TEST_LEDGER)): return None
-    entry = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _head(),
+    try: commit = git_commit(repo_root())
+    except FileNotFoundError: commit = None  # no clone here
+    entry = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
              "model": identity.get("model"), "weights": identity.get("weights"), "records": str(path),
              "questions": len({t.id for t in tasks}), "samples": identity.get("k"),
              "decoding": {k: (identity.get("rollout") or {}).get(k) for k in ("temperature", "top_p")}}

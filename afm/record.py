@@ -10,16 +10,15 @@ import hashlib
 import os
 import platform
 import re
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import RunFolder, read_json
+from .core import RunFolder, git_commit, read_json
 
 # %% auto #0
-__all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'git_commit', 'chapter_folder',
+__all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'chapter_folder',
            'previous_record']
 
 # %% ../nbs/11b_record.ipynb #970e6794
@@ -76,17 +75,6 @@ def library_sha256(root: Path | str, modules: Sequence[str] | None = None) -> st
     files = sorted(lib.glob("*.py")) if modules is None else [lib / f"{m}.py" for m in sorted(modules)]
     for f in [*files, *sorted(lib.glob("*.json"))]: h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
-
-# %% ../nbs/11b_record.ipynb #c7fbee53
-def git_commit(root: Path | str) -> str | None:
-    "The repository's commit (12 hex digits; `+changes` when `afm/` or `nbs/` differ from it), or None outside git."
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30)
-    try:
-        head = git("rev-parse", "--short=12", "HEAD")
-        if head.returncode: return None
-        changed = git("status", "--porcelain", "--", "afm", "nbs").stdout.strip()
-        return head.stdout.strip() + ("+changes" if changed else "")
-    except (OSError, subprocess.SubprocessError): return None
 
 # %% ../nbs/11b_record.ipynb #d228c5d9
 def chapter_folder(folder: Path | str) -> RunFolder:

@@ -20,10 +20,10 @@ from typing import Any, Callable, Sequence
 
 from .card import write_reports
 from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
-                      load_profiles, read_json, repo_root, settings_path)
+                      git_commit, load_profiles, read_json, repo_root, settings_path)
 from .evaluate import TEST_LEDGER
 from .prose import duration
-from .record import (chapter_folder, chapter_modules, file_sha256, git_commit, library_sha256, machine,
+from .record import (chapter_folder, chapter_modules, file_sha256, library_sha256, machine,
                         previous_record, versions)
 
 # %% auto #0
