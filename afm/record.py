@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core import RunFolder, git_commit, read_json
+from .core import RunFolder, read_json
 
 # %% auto #0
 __all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'chapter_folder',
