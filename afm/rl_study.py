@@ -130,15 +130,17 @@ def run_settings(study: SeedsStudy, overrides: dict, **args):
     return replace(rl, max_steps=whole(rl.max_steps), save_steps=whole(rl.save_steps)), config
 
 
-def choose_variant(study: SeedsStudy, variants: dict[str, dict], steps: int, tasks: Sequence[Task],
+def choose_variant(study: SeedsStudy, variants: dict[str, dict], generations: int, tasks: Sequence[Task],
                    val_tasks: Sequence[Task]) -> dict:
     """The variant of RL's settings (`{label: overrides}`, as `run_settings` takes them) chosen on `val_tasks` by
-    success an hour: per variant a run of `steps` steps (rounded up to whole generations) from the study's start, seed
-    0, in `root/<label>`; its final model scored on val; the val gain over the start per hour of the run. The runs'
-    figures by label, the start's val score and the chosen label."""
+    success an hour: per variant a run of `generations` generations (its steps: that times its μ) from the study's
+    start, seed 0, in `root/<label>` (read back when a run of those settings finished there); its final model scored
+    on val; the val gain over the start per hour of the run. The runs' figures by label, the start's val score and the
+    chosen label."""
     start, runs = overall(graded(study, "val_sft", study.start, val_tasks)), {}
     for label, overrides in variants.items():
-        args, config = run_settings(study, overrides, seed=0, max_steps=steps)
+        mu = run_settings(study, overrides)[0].updates_per_generation
+        args, config = run_settings(study, overrides, seed=0, max_steps=generations * mu)
         n = args.max_steps
         run = train_rl(tasks, study.root / label, replace(args, save_steps=n), config, study.box, progress=False)
         val = overall(graded(study, f"{label}/val_final", study.root / label / "model", val_tasks))

@@ -132,7 +132,10 @@ def test_tiny_study_is_tiny_with_the_studies():
     assert profiles["tiny-study"]["rl_seeds"] >= 3 > profiles["tiny"]["rl_seeds"]  # the seeds study
     study = ("description", "sft_ablation", "rl_seeds", "rl_study_steps", "rl_max_steps", "rl_val_per_suite",
              "rl_choose", "rl_test_per_suite", "rl_save_steps", "rl_groups_per_step", "rl_test_samples",
-             "sft_val_per_suite", "sft_choose", "sft_floor_per_suite", "results_tts_per_suite", "expected_minutes")
+             "sft_val_per_suite", "sft_choose", "sft_floor_per_suite", "results_tts_per_suite", "expected_minutes",
+             # the pre-registered RL study's design
+             "rl_sft_from", "rl_pool_samples", "rl_decoding_choices", "rl_updates_per_generation", "rl_updates_choices",
+             "rl_choice_generations")
     assert {k: v for k, v in profiles["tiny-study"].items() if k not in study} == \
         {k: v for k, v in profiles["tiny"].items() if k not in study}  # the study extends tiny
 
