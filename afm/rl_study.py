@@ -269,8 +269,12 @@ def behaviour_tables(arms: dict[str, list[dict]], suites: Sequence[str],
 def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
     """The seeds' training health over every step they logged: seconds a step and its shares by phase, the largest
     sampler/trainer log-prob gap and the range of the correction for it (the truncated importance ratio), the share of
-    tokens clipped, groups drawn a generation and the share of them without signal."""
-    health = [h for seed in seeds for h in read_health(study.root / f"seed{seed}")]
+    tokens clipped, groups drawn a generation and the share of them without signal, and the policy's entropy (nats a
+    sampled token: over every step, and at each seed's first and last step, averaged over the seeds)."""
+    logs = [read_health(study.root / f"seed{seed}") for seed in seeds]
+    health = [h for log in logs for h in log]
+    entropies = [e for log in logs if (e := [h["entropy"] for h in log if h.get("entropy") is not None])]
+    ends = lambda i: round(statistics.mean(e[i] for e in entropies), 4) if entropies else None
     step = lambda k: sum(h[k] or 0.0 for h in health) / max(1, len(health))
     drawn = [h for h in health if h["groups/drawn"] is not None]  # a step that generated (with mu > 1, not each)
     lo, hi = "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"
@@ -284,7 +288,8 @@ def health_figures(study: SeedsStudy, seeds: Sequence[int]) -> dict:
                                        max((h[hi] for h in health if h.get(hi) is not None), default=None)],
             "clip_ratio": round(step("clip_ratio/region_mean"), 4),
             "groups_drawn_per_step": round(generation("groups/drawn"), 2),
-            "zero_variance_share": round(generation("groups/zero_variance_share"), 3)}
+            "zero_variance_share": round(generation("groups/zero_variance_share"), 3),
+            "entropy": {"mean": round(step("entropy"), 4), "first": ends(0), "last": ends(-1)}}
 
 # %% ../nbs/10c_rl_study.ipynb #6c6b0465
 def study_figures(study: SeedsStudy, runs: dict[int, dict], steps: int, choice: Choice, tested: Tested,
