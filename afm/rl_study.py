@@ -378,12 +378,16 @@ def rl_verdict(figures: dict) -> str:
 # %% ../nbs/10c_rl_study.ipynb #26361100
 def found_figures(figures: dict) -> dict:
     """A seeds study's `figures` with what its findings state beside them: `t1_label` (the sampled arm's decoding),
-    `chance_low`/`chance_high` (over suites), `sft_<x>`/`rl_<x>` (greedy behaviour) and `verdict` (`rl_verdict`)."""
+    `rl_label` (RL's), `chance_low`/`chance_high` (over suites), `sft_<x>`/`rl_<x>` (greedy behaviour), `verdict`
+    (`rl_verdict`) and `registered` (the registered decision rule: the greedy interval, over seeds where the figures
+    hold it, above 0)."""
     from afm.rollout import LEGACY_DECODINGS, decoding_label
     figures = json.loads(json.dumps(figures))  # as its record holds them (a tuple a list, a key a string)
     arms = {r["model"]: r for r in figures["behaviour"]}
     sft, rl = arms["SFT greedy"], arms["RL greedy (all seeds)"]
-    return {**figures,
+    low = (figures.get("paired_ci_greedy_seeds") or figures["paired_ci_greedy"])["ci95"][0]
+    return {**figures, "registered": "met: RL beats SFT" if low > 0 else "not met: RL does not beat SFT",
+            "rl_label": decoding_label(figures["rl_decoding"]) if figures.get("rl_decoding") else None,
             "t1_label": decoding_label(figures.get("test_t1_decoding") or LEGACY_DECODINGS["rl", "test_t1_decoding"]),
             "chance_low": min(figures["chance"].values()), "chance_high": max(figures["chance"].values()),
             **{f"sft_{k}": v for k, v in sft.items()}, **{f"rl_{k}": v for k, v in rl.items()},
