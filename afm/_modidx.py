@@ -793,6 +793,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.rl_study.paired_rl_sft': ('rl_study.html#paired_rl_sft', 'afm/rl_study.py'),
                               'afm.rl_study.pass_rates': ('rl_study.html#pass_rates', 'afm/rl_study.py'),
                               'afm.rl_study.plot_study': ('rl_study.html#plot_study', 'afm/rl_study.py'),
+                              'afm.rl_study.plot_val': ('rl_study.html#plot_val', 'afm/rl_study.py'),
                               'afm.rl_study.pool_figures': ('rl_study.html#pool_figures', 'afm/rl_study.py'),
                               'afm.rl_study.rl_candidates': ('rl_study.html#rl_candidates', 'afm/rl_study.py'),
                               'afm.rl_study.rl_verdict': ('rl_study.html#rl_verdict', 'afm/rl_study.py'),

@@ -23,7 +23,7 @@ from .tools import Toolbox
 __all__ = ['STAND_IN_ARGS', 'RL_DECODING', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates',
            'edge_pool', 'pool_figures', 'run_settings', 'choose_variant', 'train_seeds', 'Choice', 'choose_on_val',
            'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_ledger', 'study_arms', 'behaviour_tables',
-           'health_figures', 'study_figures', 'write_summary', 'plot_study', 'rl_verdict', 'found_figures']
+           'health_figures', 'study_figures', 'write_summary', 'plot_study', 'plot_val', 'rl_verdict', 'found_figures']
 
 # %% ../nbs/10c_rl_study.ipynb #10287e6b
 STAND_IN_ARGS = {"num_generations": 4, "groups_per_step": 2, "report_to": "none"}  # CI's RL runs: the smallest
@@ -363,6 +363,26 @@ def plot_study(study: SeedsStudy, seeds: Sequence[int], tested: Tested, out: Pat
     fig.savefig(Path(out) / "rl_vs_sft.png", dpi=110)
     plt.close(fig)
     return Path(out) / "rl_vs_sft.png"
+
+# %% ../nbs/10c_rl_study.ipynb #33634adf
+def plot_val(choice: Choice, steps: dict[int, int], out: Path | str) -> Path:
+    """The val curve as `out/val_curve.png`: each seed's greedy val score at the candidates validation chose among (the
+    step of each checkpoint, `steps[seed]` for the final model), from the SFT model's at step 0."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for seed, scores in choice.scores.items():
+        at = sorted((steps[seed] if c == "final" else int(c.removeprefix("step-")), v) for c, v in scores.items())
+        ax.plot([0, *(s for s, _ in at)], [choice.sft, *(v for _, v in at)], marker="o", label=f"seed {seed}")
+    ax.axhline(choice.sft, ls="--", c="gray", label="SFT")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("val success, greedy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(out) / "val_curve.png", dpi=110)
+    plt.close(fig)
+    return Path(out) / "val_curve.png"
 
 # %% ../nbs/10c_rl_study.ipynb #c43278f4
 def rl_verdict(figures: dict) -> str:
