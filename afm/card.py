@@ -245,8 +245,9 @@ PROFILE_NOTES = {  # profile -> the sentences (templates of `afm.prose.render`) 
                    "Its RL seeds study ({rl.seeds} seeds of {rl.steps_per_seed} steps, code "
                    "{origin.rl.commit:.7}): on {rl.heldout_questions} test questions SFT scores "
                    "{rl.heldout_sft_greedy} greedy and RL {rl.heldout_rl_greedy_mean} ± {rl.heldout_rl_greedy_std} "
-                   "over the seeds; paired over the same questions, RL − SFT is " + _paired("rl.paired_ci_greedy")
-                   + " greedy and " + _paired("rl.paired_ci_t1") + " at {rl.test_t1_decoding.label}.",
+                   "over the seeds; paired over the same questions, seeds and questions resampled, RL − SFT is "
+                   + _paired("rl.paired_ci_greedy_seeds") + " greedy and " + _paired("rl.paired_ci_t1_seeds")
+                   + " at {rl.test_t1_decoding.label}.",
                    "{rl.zero_variance_share:.0%} of the groups RL drew had no reward variance to learn from (it drew "
                    "{rl.groups_drawn_per_step} a step to fill {parameters.rl_groups_per_step})."),
     "smol": ("After {sft.sft_minutes} minutes of SFT training (code {origin.sft.commit:.7}), world QA "
