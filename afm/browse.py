@@ -5,7 +5,6 @@
 # %% ../nbs/11a_browse.ipynb #a525445a
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -13,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
+from .args import ArgParser
 from .coa import TAGS, TagRegistry, Trajectory
 from .core import read_rows
 from .mas import MASRun
@@ -405,7 +405,7 @@ def _source(spec: str) -> tuple[str, Path]:
 # %% ../nbs/11a_browse.ipynb #d6c1ff8d
 def cli_browse(argv: list[str] | None = None) -> int:
     "`afm browse`: one static HTML page of trajectories, the teacher's, the distilled rows' and models' side by side."
-    p = argparse.ArgumentParser(prog="afm browse", description=cli_browse.__doc__.split(": ", 1)[1])
+    p = ArgParser(prog="afm browse", description=cli_browse.__doc__.split(": ", 1)[1])
     p.add_argument("--out", default="reports/browse/index.html", help="the page to write (default: %(default)s)")
     p.add_argument("--records", nargs="+", action="extend", default=[], metavar="NAME=FILE",
                    help="evaluation records (JSONL of `afm eval`) shown as source NAME (default: the file's stem)")

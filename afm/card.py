@@ -16,8 +16,8 @@ from .prose import dig, duration, findings, fmt
 from .record import chapter_folder, chapter_modules, file_sha256, library_sha256
 
 # %% auto #0
-__all__ = ['RESULTS_MARKERS', 'NOTES_MARKERS', 'PROFILE_NOTES', 'run_times', 'results_table', 'update_block', 'update_readme',
-           'origin', 'report_card', 'profile_records', 'measured_notes', 'write_reports']
+__all__ = ['RESULTS_MARKERS', 'NOTES_MARKERS', 'PROFILE_NOTES', 'cpu_label', 'run_times', 'results_table', 'update_block',
+           'update_readme', 'origin', 'report_card', 'profile_records', 'measured_notes', 'write_reports']
 
 # %% ../nbs/11c_card.ipynb #bbdcf816
 RESULTS_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")  # the README's generated block lies between these
@@ -35,19 +35,27 @@ def _ci(v: Any) -> str:
     return f"[{fmt(v[0])}, {fmt(v[1])}]" if isinstance(v, (list, tuple)) and len(v) == 2 else ""
 
 # %% ../nbs/11c_card.ipynb #67400efa
+def cpu_label(record: dict[str, Any]) -> str:
+    "The CPU a record's times were measured on, with the matrix instructions that make them fast (AMX, AVX-512)."
+    m = record.get("machine") or {}
+    fast = [f for f in m.get("cpu_flags") or [] if f in ("amx_tile", "avx512_bf16")]
+    return (m.get("cpu") or "a CPU not recorded") + (f" ({', '.join(fast)})" if fast else "") + \
+        (f", {m['cpus']} cores" if m.get("cpus") else "")
+
+
 def run_times(record: dict[str, Any]) -> str:
-    "One line on how long the run took: its wall time (the install included under `make reproduce`), the chapters' own."
+    """One line on how long the profile's pipeline takes: the chapters' own times added up, on the CPU that ran them
+    (the one figure every surface gives as the profile's time, `afm run --list` too); the last run's wall time as the
+    whole pipeline's only when it ran every chapter, else as what it was (a run of a few chapters)."""
     secs, resumed = [s for s in (record.get("seconds") or {}).values() if s is not None], record.get("resumed") or []
     wall, install = record.get("reproduce_seconds"), record.get("install_seconds")
-    line = ""
+    line = f"the chapters' own times add up to {duration(sum(secs)) if secs else '?'} on {cpu_label(record)}"
+    if resumed: line += f" ({len(resumed)} of them timed in earlier runs, resumed since)"
     if wall is not None:
         with_install = f" (`make reproduce`, the install's {duration(install)} included)" if install is not None else \
             " (the install not included)"
-        line = f"{duration(wall)} wall time for this run{with_install}; "
-    line += f"the chapters' own times add up to {duration(sum(secs)) if secs else '?'}"
-    if resumed:
-        line += f" ({len(resumed)} of them finished in earlier runs and were resumed: their times are from then)"
-    if record.get("expected_seconds"): line += f"; expected {duration(record['expected_seconds'])}"
+        line = (f"{duration(wall)} wall time for the whole pipeline{with_install}; {line}" if not resumed else
+                f"{line}; the last run executed {len(secs) - len(resumed)} of them in {duration(wall)}")
     if load := record.get("load"):  # times mean little on a machine that other work shared
         line += (f"; the machine's 1-minute load averaged {load['mean']:g} (at most {load['max']:g}) "
                  f"on {load['cpus']} CPUs")
@@ -83,11 +91,16 @@ def _distill_sft_rows(t: _Rows) -> None:
     t.add("distillation", f"tasks given to the teacher ({t.get('distill.brain') or 'teacher'}) → trajectories kept",
           t.both("distill.tasks", "distill.dataset_rows"),
           published=f"web SFT set: {d['web_sft_rows']:,} trajectories, {d['web_mean_hops']} hops on average")
-    t.add("distillation", "teacher tokens per task", t.num("distill.teacher_mean_tokens_per_task"))
-    t.add("distillation", "teacher tool calls per task", t.num("distill.teacher_mean_tool_calls_per_task"))
+    given = f"the {fmt(t.get('distill.tasks'))} sft-split tasks it was given" if t.get("distill.tasks") else "its tasks"
+    t.add("distillation", f"teacher tokens per task, on {given}", t.num("distill.teacher_mean_tokens_per_task"))
+    t.add("distillation", f"teacher tool calls per task, on {given}",
+          t.num("distill.teacher_mean_tool_calls_per_task"))
     qa, suites = t.get("sft.world_qa_chance"), len(t.get("sft.chance") or {}) or "all"
-    t.add("SFT", "world QA (4 suites), test split, SFT model, greedy", t.num("sft.world_qa_sft_strict"), qa,
-          published=f"AFM-SFT-32B on GAIA: {t.paper_value('web', 'AFM-SFT-32B', 'gaia')}%")
+    n = t.get("sft.test_questions")
+    on = f"the {n} test questions of {suites} suites" if n else "the test split"
+    gaia = f"AFM-SFT-32B on GAIA: {t.paper_value('web', 'AFM-SFT-32B', 'gaia')}%"
+    t.add("SFT", f"world QA (the 4 world suites of {on}), SFT model, greedy", t.num("sft.world_qa_sft_strict"), qa,
+          t.get("sft.world_qa_sft_ci95"), published=gaia)
     t.add("SFT", f"world QA, SFT model, {t.get('sft.test_t1_decoding.label')}", t.num("sft.world_qa_sft_t1"), qa)
     t.add("SFT", "world QA, the untrained model", t.num("sft.world_qa_untrained"), qa)
     t.add("SFT", f"{t.get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy",
@@ -115,27 +128,36 @@ def _rl_rows(t: _Rows) -> None:
 # %% ../nbs/11c_card.ipynb #dc118dff
 def _results_rows(t: _Rows) -> None:
     "The efficiency and test-time scaling rows of the results table."
-    t.add("efficiency", "tokens per task: teacher → CoA model",
-          t.both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
     tasks = t.get("results.tasks") or "the same"
+    t.add("efficiency", f"tokens per task on {tasks} test questions: teacher → CoA RL model, greedy",
+          t.both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
     t.add("efficiency", f"token reduction (%), CoA RL model against the teacher on {tasks} test questions",
           t.num("results.token_reduction_pct"),
           published=f"{t.paper['efficiency']['token_reduction_pct']}% fewer tokens than its MAS on GAIA")
-    t.add("efficiency", "tool calls per solved task: teacher → CoA model",
-          t.both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"))
+    t.add("efficiency", "tool calls per task: teacher → CoA RL model",
+          t.both("results.tool_calls_per_task.teacher", "results.tool_calls_per_task.coa"))
+    t.add("efficiency", "tool calls per solved task (all calls over tasks solved): teacher → CoA RL model",
+          t.both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"),
+          published="the paper: AFM made the fewest tool calls per solved task on GAIA")
     pv, chance, q = t.paper_value, t.get("results.chance"), t.get("results.tts_questions")
+    how = t.get("results.tts_decoding.label")
     for arm in ("SFT", "RL"):
         pk, bo = t.get(f"results.pass_at_k.{arm}") or {}, t.get(f"results.best_of_n.{arm}") or {}
+        ci = t.get(f"results.pass_at_k_ci95.{arm}") or {}
         if pk:
             top = max(pk, key=int)
-            how = t.get("results.tts_decoding.label")
-            t.add("test-time scaling", f"{arm} model, {q} test questions at {how}: pass@1 → pass@{top}",
-                  f"{fmt(pk['1'])} → {fmt(pk[top])}", chance)
-        if "best_of_3_vote" in bo:
-            paper = (f"AFM on GAIA: Best-of-3 {pv('tts', 'AFM (32B)', 'gaia_best_of_3')}, "
-                     f"pass@3 {pv('tts', 'AFM (32B)', 'gaia_pass_at_3')}")
-            t.add("test-time scaling", f"{arm} model: Best-of-3 by majority vote (pass@3: {fmt(pk.get('3'))})",
-                  fmt(bo["best_of_3_vote"]), chance, published=paper if arm == "RL" else "")
+            k = t.get("results.tts_samples")
+            t.add("test-time scaling", f"{arm} model, {q} test questions, {k} samples each at {how}: pass@1 → "
+                  f"pass@{top}", f"{fmt(pk['1'])} → {fmt(pk[top])}", chance, ci.get(top))
+            paper = f"AFM on GAIA: pass@3 {pv('tts', 'AFM (32B)', 'gaia_pass_at_3')}" if arm == "RL" else ""
+            t.add("test-time scaling", f"{arm} model: pass@3 (unbiased, from all the samples)",
+                  t.num(f"results.pass_at_k.{arm}.3"), chance, ci.get("3"), published=paper)
+        for v, what in (("vote", "majority vote over the answers"), ("confidence", "the model's confidence")):
+            if f"best_of_3_{v}" not in bo: continue  # not beside the paper's Best-of-3: its model judges candidates
+            tied = bo.get(f"best_of_3_{v}_ties")
+            t.add("test-time scaling", f"{arm} model: Best-of-3 by {what}" + ("" if tied is None else
+                  f" (a tie kept the first sample on {tied} questions)"), fmt(bo[f"best_of_3_{v}"]), chance,
+                  bo.get(f"best_of_3_{v}_ci95"))
 
 # %% ../nbs/11c_card.ipynb #ab45b868
 def results_table(record: dict[str, Any]) -> str:

@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help()
         return 0 if argv else 2
     a, _ = p.parse_known_args(argv[:1])
+    targets = [t for t in providers(a.command) if t]
+    if targets and argv[1:2] in (["-h"], ["--help"]):  # `afm serve --help`: the targets, each with its own help
+        choices = "{" + ",".join(targets) + "}"
+        print(f"usage: afm {a.command} {choices} [options]\n\n{COMMANDS[a.command]}\n\n"
+              f"`afm {a.command} TARGET --help` shows a target's options.")
+        return 0
     try: ch, rest = resolve(a.command, argv[1:])
     except LookupError as e:
         print(e, file=sys.stderr)

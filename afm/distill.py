@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .coa import Accounting, Step, Trajectory, counts, grammar_problems, render
-from .core import (DATA_SUFFIXES, check_fields, check_value, data_dir, parse_configs, profile_config, progress_bar,
-                      stage_parser, stage_profile)
+from .args import parse_configs, stage_parser, stage_profile
+from .core import DATA_SUFFIXES, check_fields, check_value, data_dir, profile_config, progress_bar
 from .grading import default_judge, grade
 from .llm import ChatBackend, Endpoint, LLMClient
 from .mas import LLMBrain, LLMTeacherConfig, MASRun, MultiAgentSystem, check_backend

@@ -31,12 +31,12 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fastcore.basics import patch
 
 from .core import check_fields, progress_bar
-from .kv_cache import KVSlots
+if TYPE_CHECKING: from afm.kv_cache import KVSlots  # imported where it is made: importing it imports torch
 from .llm import TEMPERATURE, TOP_P
 
 # %% auto #0
@@ -224,6 +224,7 @@ def run(self: TransformersEngine, pull: Pull, done: Done) -> None:
     """Continuous batching driven by the caller (see `Engine.run`): before every step, the requests `pull` returns wait
     for a free row, and join the batch in flight together; `done` is called in this thread as each one finishes."""
     import torch
+    from afm.kv_cache import KVSlots
     active, waiting, count, closed = [], deque(), 0, False
     with self._lock, torch.inference_mode(), _evaluating(self.model):
         kv, logits = KVSlots(self.model, self.max_batch), None  # the batch's cache, and its next-token logits [B, V]

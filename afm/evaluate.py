@@ -30,9 +30,9 @@ from .world_suites import GENERATED_SUITES
 # %% auto #0
 __all__ = ['EVAL_SUITES', 'MAX_GENERATED', 'RECORDS_CODE', 'MAX_PAIRS', 'TEST_LEDGER', 'grade_episode', 'evaluate', 'suite_tasks',
            'suite_chance', 'pass_at_k', 'by_task', 'bootstrap_ci', 'suite_rows', 'summarize', 'macro_mean',
-           'markdown_table', 'paired_bootstrap', 'paired_bootstrap_seeds', 'vote', 'self_check', 'best_of_n', 'choose',
-           'read_records', 'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out', 'writer_lock',
-           'MissingRecords', 'identity_file', 'log_test', 'records', 'eval_config']
+           'markdown_table', 'paired_bootstrap', 'paired_bootstrap_seeds', 'vote', 'self_check', 'confidence',
+           'best_of_n', 'ties', 'choose', 'read_records', 'weights_stamp', 'eval_identity', 'RecordsBusy', 'check_out',
+           'writer_lock', 'MissingRecords', 'identity_file', 'log_test', 'records', 'eval_config']
 
 # %% ../nbs/08a_evaluate.ipynb #8b7a9317
 def grade_episode(task: Task, ep: Episode, sample: int = 0, judge=None, runner=None,
@@ -238,6 +238,13 @@ def self_check(rec: dict, group: Sequence[dict]) -> float:
               if s is not None]
     return scores[-1] / 4 if scores else 0.0
 
+# %% ../nbs/08a_evaluate.ipynb #17ce5de6
+def confidence(rec: dict, group: Sequence[dict]) -> float:
+    """The model's confidence in the record's answer: the geometric-mean probability of the answer's sampled tokens
+    (`meta["answer_confidence"]`, from `afm.rollout.answer_confidence`); 0 without an answer."""
+    c = ((rec.get("trajectory") or {}).get("meta") or {}).get("answer_confidence")
+    return math.exp(c) if c is not None and rec["answer"] is not None else 0.0
+
 # %% ../nbs/08a_evaluate.ipynb #cd73c5ac
 def best_of_n(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], float] = vote,
               n: int | None = None) -> list[dict]:
@@ -250,6 +257,21 @@ def best_of_n(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]]
             raise ValueError(f"best_of_n: task {group[0]['task_id']!r} has {len(group)} samples, fewer than n={n}")
         out.append(max(group, key=lambda r: (verifier(r, group), -r["sample"])))
     return out
+
+
+def ties(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], float] = vote,
+         n: int | None = None) -> int:
+    """The tasks where `verifier`'s best score among the first `n` samples is shared by different (normalised)
+    answers: where `best_of_n` fell back to the lowest sample."""
+    from afm.grading import normalize_answer
+    count = 0
+    for group in by_task(records).values():
+        group = sorted(group, key=lambda r: r["sample"])[:n]
+        scores = [verifier(r, group) for r in group]
+        top = {normalize_answer(r["answer"]) if r["answer"] is not None else None
+               for r, v in zip(group, scores) if v == max(scores)}
+        count += len(top) > 1
+    return count
 
 # %% ../nbs/08a_evaluate.ipynb #201788e1
 def choose(candidates: Sequence, records_by_candidate: dict, metric: str = "avg@k"):
@@ -431,12 +453,14 @@ def log_test(path: Path, identity: dict, tasks: Sequence[Task]) -> dict | None:
     records file `path` as `identity`; the line written (None with no ledger)."""
     import datetime
     import fcntl
-    from afm.core import git_commit, repo_root
+    from afm.core import git_commit, portable, repo_root
     if not (ledger := os.environ.get(TEST_LEDGER)): return None
-    try: commit = git_commit(repo_root())
-    except FileNotFoundError: commit = None  # no clone here
+    try: root = repo_root()
+    except FileNotFoundError: root = None  # no clone here
+    commit = git_commit(root) if root else None
+    where = (lambda p: portable(p, root)) if root else (lambda p: p)  # paths in the clone: relative to it
     entry = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-             "model": identity.get("model"), "weights": identity.get("weights"), "records": str(path),
+             "model": where(identity.get("model")), "weights": identity.get("weights"), "records": where(str(path)),
              "questions": len({t.id for t in tasks}), "samples": identity.get("k"),
              "decoding": {k: (identity.get("rollout") or {}).get(k) for k in ("temperature", "top_p")}}
     Path(ledger).parent.mkdir(parents=True, exist_ok=True)

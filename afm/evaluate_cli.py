@@ -26,10 +26,10 @@ __all__ = ['cli_eval']
 
 # %% ../nbs/08a_evaluate_cli.ipynb #056b2b67
 def _eval_parser():
-    import argparse
+    from afm.args import ArgParser
     from afm.engine_local import DTYPES, ENGINES
     from afm.rollout import DIALECTS, PROMPT_LAYOUTS
-    p = argparse.ArgumentParser(prog="afm eval", description=cli_eval.__doc__)
+    p = ArgParser(prog="afm eval", description=cli_eval.__doc__)
     p.add_argument("--model", default=None, help="a model folder or name (afm.models.load; default: the profile's); "
                                                   "with --endpoint, the model whose tokenizer it serves")
     p.add_argument("--suite", default=",".join(EVAL_SUITES),

@@ -474,8 +474,9 @@ def bench_sandbox(runs: int = 20, workers: int = 2) -> dict[str, Any]:
 # %% ../nbs/02d_pool.ipynb #d1f65fbe
 def cli_bench(argv: list[str] | None = None) -> int:
     "`afm bench sandbox`: `print(1)` in the sandbox against a plain interpreter, side by side, and runs per second."
-    import argparse, json
-    p = argparse.ArgumentParser(prog="afm bench sandbox", description=cli_bench.__doc__)
+    from afm.args import ArgParser
+    import json
+    p = ArgParser(prog="afm bench sandbox", description=cli_bench.__doc__)
     p.add_argument("--runs", type=int, default=30, help="sandbox runs (default 30)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from .core import RunFolder, read_json
 
 # %% auto #0
-__all__ = ['PACKAGES', 'versions', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'chapter_folder',
+__all__ = ['PACKAGES', 'versions', 'cpu_model', 'machine', 'file_sha256', 'chapter_modules', 'library_sha256', 'chapter_folder',
            'previous_record']
 
 # %% ../nbs/11b_record.ipynb #970e6794
@@ -34,8 +34,19 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     return {"python": platform.python_version(), **{p: v(p) for p in packages}}
 
 # %% ../nbs/11b_record.ipynb #93430565
+def cpu_model() -> tuple[str, list[str]]:
+    """The CPU's model name and the matrix instructions it offers that make training here fast or slow (`amx_tile`,
+    `avx512_bf16`, `avx512f`, `avx2`): what a time measured on it depends on."""
+    try: info = Path("/proc/cpuinfo").read_text()
+    except OSError: return platform.processor() or platform.machine(), []
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return name, [f for f in ("amx_tile", "avx512_bf16", "avx512f", "avx2") if f in flags]
+
+
 def machine() -> dict[str, Any]:
-    "The machine a run happened on: platform, processor, cores, memory and accelerators."
+    "The machine a run happened on: platform, processor (model, matrix instructions), cores, memory, accelerators."
     mem = None
     try: mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError): pass
@@ -44,7 +55,9 @@ def machine() -> dict[str, Any]:
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
             if torch.cuda.is_available() else []
     except ImportError: gpus = []
-    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+    cpu, flags = cpu_model()
+    return {"platform": platform.platform(), "processor": platform.machine(), "cpu": cpu, "cpu_flags": flags,
+            "cpus": os.cpu_count(),
             "memory_gib": mem, "gpus": gpus, "hostname": platform.node()}
 
 # %% ../nbs/11b_record.ipynb #441ef527

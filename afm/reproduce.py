@@ -6,7 +6,6 @@ card and each chapter's tables and figures."""
 # %% ../nbs/12_reproduce.ipynb #1228b083
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -18,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .card import write_reports
+from .args import ArgParser
+from .card import cpu_label, write_reports
 from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
-                      git_commit, load_profiles, read_json, repo_root, settings_path)
+                      git_commit, load_profiles, portable, read_json, repo_root, settings_path, write_json)
 from .evaluate import TEST_LEDGER
 from .prose import duration
 from .record import (chapter_folder, chapter_modules, file_sha256, library_sha256, machine,
@@ -29,8 +29,9 @@ from .record import (chapter_folder, chapter_modules, file_sha256, library_sha25
 # %% auto #0
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'READS', 'READS_FROM', 'QUIET_KERNEL',
            'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'has_data', 'chapter_input',
-           'check_inputs', 'expected_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter', 'Step',
-           'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page', 'cli_run']
+           'check_inputs', 'expected_time', 'profile_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter',
+           'reports_parameter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page',
+           'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -55,8 +56,9 @@ PROFILE_CONFIGS = (("sft_", "afm.sft", "SFTArgs"), ("distill_", "afm.distill", "
                    ("eval_", "afm.rollout", "RolloutConfig"),
                    ("rl_", "afm.rollout", "RolloutConfig"))  # prefix, module, config (eval_, rl_: overlays of rollout_)
 # read by several stages and commands (`engine_max_batch`: `afm.engine_local.profile_engine`); no chapter declares them
-SHARED_KEYS = ("description", "model", "engine", "engine_max_batch", "seed")
-DRIVER_KEYS = ("expected_minutes",)  # read by `run` itself, never by a chapter (so not part of what a chapter ran with)
+SHARED_KEYS = ("model", "engine", "engine_max_batch", "seed")
+# read by `run` itself, never by a chapter (so not part of what a chapter ran with)
+DRIVER_KEYS = ("description", "expected_minutes")
 INJECTED = ("profile", "reports_dir")  # what `run` sets in every chapter itself
 
 
@@ -114,20 +116,31 @@ def check_inputs(keys: Sequence[str], profile: str, params: dict[str, Any], root
 
 # %% ../nbs/12_reproduce.ipynb #c6748dbc
 def expected_time(to_run: Sequence[str], resumed: int, known: dict[str, float], params: dict[str, Any],
-                  where: str) -> tuple[float | None, str]:
+                  where: str, cpu: str = "") -> tuple[float | None, str]:
     """The expected seconds of running chapters `to_run` and one line saying so: their times in the last run
-    (`known`), else the profile's `expected_minutes`."""
+    (`known`, measured on `cpu`), else the profile's `expected_minutes`."""
     if not to_run: return 0.0, f"expected time: none, all {resumed} chapters finished with these inputs"
     head = f"{len(to_run)} chapter{'s' * (len(to_run) > 1)} to run" + (f", {resumed} finished already"
                                                                        if resumed else "")
     if not (missing := [k for k in to_run if known.get(k) is None]):
-        s = sum(known[k] for k in to_run)
-        return s, f"expected time: about {duration(s)} ({head}; from their times in the last run of the profile)"
+        s, on = sum(known[k] for k in to_run), f", on {cpu}" if cpu else ""
+        return s, f"expected time: about {duration(s)} ({head}; from their times in the last run of the profile{on})"
     if minutes := params.get("expected_minutes"):
         return minutes * 60.0, (f"expected time: about {duration(minutes * 60)} ({head}; the profile's estimate, "
                                 f"expected_minutes in {where}; {len(missing)} of them never timed here)")
     return (None, f"expected time: unknown ({head}; {', '.join(missing[:3])}{' …' * (len(missing) > 3)} never timed "
                   f"here, and {where} sets no expected_minutes)")
+
+# %% ../nbs/12_reproduce.ipynb #cfcf08b9
+def profile_time(profile: str, params: dict[str, Any], root: Path | str | None = None) -> str:
+    """How long `profile`'s pipeline takes, as `afm run --list` says it: its chapters' times in its last run added up,
+    on the CPU that ran them (what its report card's time line gives), else the profile's `expected_minutes`."""
+    old = previous_record(default_reports(profile, root) / "metrics.json", profile, say=False)
+    if secs := [s for s in (old.get("seconds") or {}).values() if s is not None]:
+        return f"its chapters took {duration(sum(secs))} in its last run, on {cpu_label(old)}"
+    if minutes := params.get("expected_minutes"):
+        return f"expected about {duration(minutes * 60)}: the profile's estimate, never run here"
+    return "never run here"
 
 # %% ../nbs/12_reproduce.ipynb #c43d22e1
 def chapter_parameters(nb: Path | str, params: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +172,7 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
     `reports/<key>/figures.json`. A failure is a RuntimeError of one line naming the chapter, the cell and the error."""
     import papermill
     nb, reports = Path(nb), Path(reports).resolve()
+    root = repo_root(nb.parent)
     fig_path = reports / key / "figures.json"
     fig_path.unlink(missing_ok=True)
     out = reports / "notebooks" / nb.name
@@ -178,11 +192,28 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
         for k, v in saved.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
+        if out.is_file(): _portable_notebook(out, root)
     try: figures = read_json(fig_path)
     except ValueError as e: raise RuntimeError(f"chapter {nb.name} wrote a damaged figures file: {e}") from None
     if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must "
                                            "write its figures there")
-    return figures
+    if (kept := portable(figures, root)) != figures: write_json(fig_path, kept)
+    return kept
+
+
+def _portable_notebook(path: Path, root: Path) -> None:
+    """The executed notebook `path` with the clone's folder `root` left out of every path in it (papermill's record
+    of where it ran, outputs that print a file of the clone): paths relative to the clone."""
+    text = path.read_text(encoding="utf-8")
+    if (kept := text.replace(f"{root}/", "")) != text: path.write_text(kept, encoding="utf-8")
+
+
+def reports_parameter(reports: Path, nb: Path) -> str:
+    """The `reports_dir` a chapter runs with: `reports` relative to the chapter's folder (its working directory) when
+    both are in one repository, so a chapter's inputs do not depend on where the clone lives; else absolute."""
+    try: return os.path.relpath(reports.resolve(), nb.parent.resolve()) if repo_root(reports) == repo_root(nb.parent) \
+        else str(reports.resolve())
+    except FileNotFoundError: return str(reports.resolve())
 
 # %% ../nbs/12_reproduce.ipynb #bf2ab483
 @dataclasses.dataclass
@@ -212,7 +243,7 @@ def plan_run(chapters: list[tuple[Chapter, Path]], profile: str, params: dict[st
     the same inputs."""
     steps, rerun = [], not resume
     for ch, nb in chapters:
-        p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": str(reports)})
+        p = chapter_parameters(nb, {**params, "profile": profile, "reports_dir": reports_parameter(reports, nb)})
         identity = {"profile": profile, "settings": {k: v for k, v in params.items() if k not in DRIVER_KEYS},
                     "parameters": p, "notebook_sha256": file_sha256(nb),
                     "library_sha256": library_sha256(root, chapter_modules(root, nb, ch.module))}
@@ -281,8 +312,10 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     to_run = [s.chapter.key for s in steps if s.done is None]
     # before anything runs, too
     check_inputs(to_run, profile, params, root, {c.key: c.notebook for c in table if c.pipeline})
-    known = chapter_seconds(steps, reports, previous_record(metrics_path, profile))
-    expected, line = expected_time(to_run, len(steps) - len(to_run), known, params, f"{settings.name} [{profile}]")
+    old = previous_record(metrics_path, profile)
+    known = chapter_seconds(steps, reports, old)
+    expected, line = expected_time(to_run, len(steps) - len(to_run), known, params, f"{settings.name} [{profile}]",
+                                   cpu_label(old) if old else "")
     print(f"afm run --profile {profile}: {line}", flush=True)
     record: dict[str, Any] = {"profile": profile, "parameters": params, "versions": versions(), "machine": machine(),
                               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -331,6 +364,12 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     keep = {c.key for c in table if c.pipeline} - {ch.key for ch, _ in nbs}  # keep the chapters this run did not touch
     record.update({k: v for k, v in old.items() if k in keep})
     record["seconds"] = {k: v for k, v in (old.get("seconds") or {}).items() if k in keep} | record["seconds"]
+    for key in sorted(keep - set(old)):  # finished here in a run whose record a later one did not keep: read it back
+        try: ran, figures = chapter_folder(reports / key).done_record(), read_json(reports / key / "figures.json")
+        except ValueError: continue
+        if ran and figures is not None and ran.get("profile") == profile:
+            record[key], record["seconds"][key] = figures, ran.get("seconds")
+    record["resumed"] += [k for k in record["seconds"] if k in keep]  # from earlier runs too: not timed by this one
     record["defaults"] = {k: v for k, v in (old.get("defaults") or {}).items() if k in keep} | record["defaults"]
     meter.__exit__(None, None, None)
     record["load"] = ({"mean": round(sum(loads) / len(loads), 2), "max": round(max(loads), 2), "cpus": os.cpu_count()}
@@ -368,7 +407,7 @@ def browse_page(profile: str, reports: Path, root: Path | str | None = None, lim
 # %% ../nbs/12_reproduce.ipynb #c06adf70
 def cli_run(argv: list[str] | None = None) -> int:
     "`afm run`: run the pipeline headless for a profile and write reports/."
-    p = argparse.ArgumentParser(prog="afm run", description="Run the chapters headless with papermill for a profile "
+    p = ArgParser(prog="afm run", description="Run the chapters headless with papermill for a profile "
                                 "and write reports/ (metrics.json, the report card, tables and figures; for tiny also "
                                 "the README's results table). It prints the run's expected time first (from the last "
                                 "run's chapter times, else the profile's expected_minutes) and records its wall "
@@ -392,9 +431,7 @@ def cli_run(argv: list[str] | None = None) -> int:
         if a.list:
             root = repo_root()
             for name, params in load_profiles(a.settings).items():
-                m = params.get("expected_minutes")
-                print(f"profile {name}" + (f" (expected about {duration(m * 60)})" if m else "")
-                      + f": {params.get('description', '')}")
+                print(f"profile {name} ({profile_time(name, params, root)}): {params.get('description', '')}")
             for ch, _ in pipeline_chapters(root / "nbs"): print(f"chapter {ch.notebook} -> {ch.key}")
             return 0
         rec = run(a.profile, reports=a.reports, chapters=a.chapters, resume=not a.no_resume, settings=a.settings,

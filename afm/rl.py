@@ -24,13 +24,12 @@ from .rl_health import GUARDS, GuardStop, health_callback, health_sums, keep_hea
 from .rollout import Episode, RolloutConfig, rollout, turn_seed
 from .tasks import Task, check_world
 from .tools import Toolbox
-from .rl_train import PackedGRPOTrainer
 from .training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
 
 # %% auto #0
 __all__ = ['RL_SUITES', 'CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty',
-           'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'AgenticGRPOTrainer',
-           'rl_batch', 'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
+           'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'rl_batch', 'rl_config',
+           'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
 
 # %% ../nbs/10a_rl.ipynb #bd45f9b6
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def coa_reward(completions=None, reward=None, **kwargs) -> list[float | None]:
 # %% ../nbs/10a_rl.ipynb #6d48a5b6
 class AgenticRollout:
     """TRL's `rollout_func` over the CoA rollout loop: `num_generations` episodes a task with the real tools, graded
-    strictly; dynamic sampling (`fill`) when the trainer is an `AgenticGRPOTrainer`."""
+    strictly; dynamic sampling (`fill`, which the trainer calls before it scores a generation's rows)."""
 
     def __init__(self, tasks: Sequence[Task], toolbox: Toolbox | None = None, config: RolloutConfig | None = None,
                  args: RLArgs | None = None, judge=None, runner=None):
@@ -329,7 +328,9 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
     """DAPO's dynamic sampling over this process's rows (whole groups of `trainer.num_generations`): roll them out with
     as many more groups as the share with signal so far says the step needs (`overdraw`), in one call at the engine's
     full batch; keep the groups with signal; refill what is still missing from the RL set (`max_draws` extra draws at
-    most). Returns the rows TRL trains on; their episodes wait for the `rollout_func` call that follows."""
+    most). Returns the rows TRL trains on; their episodes wait for the `rollout_func` call that follows. With
+    `dynamic_sampling` off, `rows` as they are."""
+    if not self.args.dynamic_sampling: return rows
     n, ids = trainer.num_generations, [r["prompt"] for r in rows]
     groups = [ids[i:i + n] for i in range(0, len(ids), n)]
     if len(ids) % n or any(len(set(g)) != 1 for g in groups):
@@ -378,17 +379,6 @@ def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
     out = {k: [r[k] for r in rows] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
     check_rollout(out, len(prompts), self.config.max_new_tokens, self._engine[1].context)
     return out
-
-# %% ../nbs/10a_rl.ipynb #d5db64eb
-class AgenticGRPOTrainer(PackedGRPOTrainer):
-    """TRL's GRPO with the packed pass, the log-prob gap and the sampler correction of `PackedGRPOTrainer`, and dynamic
-    sampling from `AgenticRollout.fill`."""
-
-    def _generate_and_score_completions(self, inputs):
-        fn = self.rollout_func
-        if self.model.training and isinstance(fn, AgenticRollout) and fn.args.dynamic_sampling:
-            inputs = fn.fill(inputs, self)
-        return super()._generate_and_score_completions(inputs)
 
 # %% ../nbs/10a_rl.ipynb #91876d0f
 def rl_batch(args: RLArgs, world_size: int = 1) -> tuple[int, int, int]:
@@ -441,9 +431,10 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
 
 # %% ../nbs/10a_rl.ipynb #c3383bdc
 def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: Path | str, progress: bool = True):
-    "An `AgenticGRPOTrainer` over the RL set of `rollout_fn` (a row a task, its id the prompt), with the health log."
+    "A `PackedGRPOTrainer` over the RL set of `rollout_fn` (a row a task, its id the prompt), with the health log."
     import datasets
     from transformers import PrinterCallback
+    from afm.rl_train import PackedGRPOTrainer
     out = Path(out)
     quiet = is_quiet(progress)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -453,10 +444,10 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
         peft = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; tested here
     data = datasets.Dataset.from_dict({"prompt": rollout_fn.pool})
-    trainer = AgenticGRPOTrainer(model=model, reward_funcs=[coa_reward], train_dataset=data, processing_class=tokenizer,
-                                 args=rl_config(args, out, rollout_fn.config, world, quiet), peft_config=peft,
-                                 rollout_func=rollout_fn, pack_tokens=args.pack_tokens,
-                                 sampler_correction=args.sampler_correction)
+    trainer = PackedGRPOTrainer(model=model, reward_funcs=[coa_reward], train_dataset=data, processing_class=tokenizer,
+                                args=rl_config(args, out, rollout_fn.config, world, quiet), peft_config=peft,
+                                rollout_func=rollout_fn, pack_tokens=args.pack_tokens,
+                                sampler_correction=args.sampler_correction)
     trainer.add_callback(health := health_callback(out, {key: getattr(args, key) for key in GUARDS.values()}))
     trainer.afm_health = health
     if quiet: trainer.remove_callback(PrinterCallback)
@@ -563,7 +554,8 @@ def cli_rl(argv: list[str] | None = None) -> int:
     "`afm rl`: agentic RL from the profile's SFT model on the rl split of its suites, with the real tools; it resumes."
     import sys
     from dataclasses import asdict
-    from afm.core import data_dir, parse_configs, stage_parser, stage_profile
+    from afm.args import parse_configs, stage_parser, stage_profile
+    from afm.core import data_dir
     from afm.rollout import rollout_config
     from afm.world import profile_toolbox, profile_world
     p, pre = stage_parser("afm rl", cli_rl.__doc__, RLArgs, options={

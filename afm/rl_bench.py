@@ -286,11 +286,11 @@ def rl_bench_figures(model_dir: Path | str, profile: str = "tiny", steps: int = 
 def cli_bench(argv: list[str] | None = None) -> int:
     """`afm bench rl`: an RL step's seconds and shares, the engine inside RL and alone, our rollout against TRL's, and
     with `--against` the same steps with an earlier commit's code."""
-    import argparse
+    from afm.args import ArgParser
     import tempfile
     from afm.fit import TINY_SYSTEM, tool_calling_tiny
     from afm.models import save_model
-    p = argparse.ArgumentParser(prog="afm bench rl", description=cli_bench.__doc__)
+    p = ArgParser(prog="afm bench rl", description=cli_bench.__doc__)
     p.add_argument("--model", default=None, help="a model folder (default: the small tool-calling model)")
     p.add_argument("--profile", default="tiny",
                    help="the profile whose RL settings, rollout limits and tool sizes apply (default: tiny)")

@@ -128,12 +128,18 @@ def fold_metric(trainer, name: str, value: float, how: str = "max", weight: floa
 
 # %% ../nbs/10_rl_train.ipynb #99bd56f9
 class PackedGRPOTrainer(GRPOTrainer):
-    """TRL's GRPO with packed padding-free passes (`pack_tokens` a row), the sampler/trainer log-prob gap over the step
-    and, in-process, TRL's truncated importance-sampling correction for the sampler (`sampler_correction`)."""
+    """TRL's GRPO with packed padding-free passes (`pack_tokens` a row), the sampler/trainer log-prob gap over the step,
+    in-process, TRL's truncated importance-sampling correction for the sampler (`sampler_correction`), and dynamic
+    sampling where the `rollout_func` offers it (its `fill`)."""
 
     def __init__(self, *args, pack_tokens: int = 4096, sampler_correction: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.pack_tokens, self.sampler_correction, self._afm_batch = pack_tokens, sampler_correction, None
+
+    def _generate_and_score_completions(self, inputs):
+        fill = getattr(self.rollout_func, "fill", None)  # dynamic sampling: the rows to train on, refilled
+        if self.model.training and fill is not None: inputs = fill(inputs, self)
+        return super()._generate_and_score_completions(inputs)
 
     def _compute_loss(self, model, inputs):
         self._afm_batch = dict(inputs)  # a copy: the advantages the correction scales are this update's alone

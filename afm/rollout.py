@@ -20,7 +20,7 @@ from .coa import (TAGS, Accounting, Tag, TagRegistry, Trajectory, grammar_proble
                      stop_strings, tag_words)
 from .core import FieldTypeError, check_fields, progress_bar
 from .engine import SEEDS, Engine, Generation, Request, SamplingParams
-from .llm import TEMPERATURE, TOP_P
+from .llm import TEMPERATURE, TOP_P, count_tokens
 from .models import chat_prompt_ids, control_tokens, decode
 from .prompts import system_prompt
 from .tasks import Task, check_world
@@ -29,7 +29,7 @@ from .tools import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 # %% auto #0
 __all__ = ['SEARCH_R1_PROMPT', 'DIALECTS', 'PROMPT_LAYOUTS', 'USES', 'LEGACY_DECODINGS', 'Dialect', 'RolloutConfig',
            'rollout_config', 'decoding', 'decoding_label', 'Episode', 'turn_seed', 'prompt_messages', 'prompt_ids',
-           'rollout', 'sampled_answer', 'drift', 'bench_rollout', 'cli_bench']
+           'rollout', 'sampled_answer', 'answer_confidence', 'drift', 'bench_rollout', 'cli_bench']
 
 # %% ../nbs/08_rollout.ipynb #d1a1ec70
 SEARCH_R1_PROMPT = (  # the user turn the Search-R1 checkpoints were trained on, word for word (its "as your want" too)
@@ -195,6 +195,15 @@ class Episode:
 
     @property
     def sampled_tokens(self) -> int: return sum(self.env_mask)
+
+    @property
+    def runs(self) -> list[tuple[int, list[int]]]:
+        "The completion as runs of one kind, in order: `(1, ids)` the model sampled, `(0, ids)` the environment forced."
+        out = []
+        for i, m in zip(self.completion_ids, self.env_mask):
+            if out and out[-1][0] == m: out[-1][1].append(i)
+            else: out.append((m, [i]))
+        return out
 
 # %% ../nbs/08_rollout.ipynb #ac9f941b
 def turn_seed(seed: int, task_id: str, sample: int, turn: int) -> int:
@@ -412,6 +421,24 @@ def sampled_answer(tokenizer, ep: Episode, tags=None) -> str | None:
     last = max((k for k, m in enumerate(ep.env_mask) if m == 0), default=-1)
     return parse(decode(tokenizer, ep.completion_ids[last + 1:]), tags=tags).answer
 
+# %% ../nbs/08_rollout.ipynb #a031c0cd
+def answer_confidence(tokenizer, ep: Episode, answer: str | None) -> float | None:
+    """The model's confidence in its answer: the mean log-probability of the tokens it sampled for the answer's text,
+    the last place the final turn holds it (None without an answer there). Best-of-N's `confidence` verifier reads
+    it."""
+    last = max((k for k, m in enumerate(ep.env_mask) if m == 0), default=-1)
+    ids, lps = ep.completion_ids[last + 1:], ep.logprobs[last + 1:]
+    if not answer or answer not in decode(tokenizer, ids): return None
+    lo, hi = 0, len(ids) - 1  # the latest start whose suffix still holds the answer
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if answer in decode(tokenizer, ids[mid:]) else (lo, mid - 1)
+    a, b = lo + 1, len(ids)  # then the earliest end from that start that holds it
+    while a < b:
+        mid = (a + b) // 2
+        a, b = (a, mid) if answer in decode(tokenizer, ids[lo:mid]) else (mid + 1, b)
+    return round(sum(lps[lo:a]) / (a - lo), 4)
+
 # %% ../nbs/08_rollout.ipynb #4b7a8584
 def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
     "Record how the episode ended and its trajectory, whose answer comes from the final turn's sampled tokens alone."
@@ -420,7 +447,10 @@ def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
     traj = parse(s.dialect.as_coa(decode(tok, ep.completion_ids)), task_id=s.task.id, question=s.task.question,
                  tags=tags, meta={"kind": s.task.kind, "end": end})
     traj.accounting = Accounting(len(ep.prompt_ids), ep.sampled_tokens, ep.tool_calls, round(ep.seconds, 4))
+    # every run of text as sampled or forced, by the tokenizer-free counter: an endpoint's bill, whatever parsed
+    traj.meta["bill"] = [[m, count_tokens(decode(tok, ids))] for m, ids in ep.runs]
     parsed, traj.answer = traj.answer, sampled_answer(tok, ep, tags)
+    traj.meta["answer_confidence"] = answer_confidence(tok, ep, traj.answer)
     problems = traj.problems + ([] if traj.problems or not s.dialect.grammar else grammar_problems(traj, tags=tags))
     if parsed is not None and traj.answer is None:
         problems.insert(0, "an <answer> outside the model's final turn (ignored)")
@@ -430,15 +460,7 @@ def _end(s: _State, end: str, tok, tags, why: str | None = None) -> None:
 # %% ../nbs/08_rollout.ipynb #0440198d
 def drift(tokenizer, ep: Episode) -> int | None:
     "The first completion position where a fresh tokenisation of the episode's text differs from its ids; None if none."
-    pieces, run, kind = [], [], None
-    for i, m in zip(ep.completion_ids, ep.env_mask):
-        if kind is not None and m != kind:
-            pieces.append(run)
-            run = []
-        run.append(i)
-        kind = m
-    if run: pieces.append(run)
-    fresh = [t for p in pieces for t in tokenizer(decode(tokenizer, p), add_special_tokens=False)["input_ids"]]
+    fresh = [t for _, p in ep.runs for t in tokenizer(decode(tokenizer, p), add_special_tokens=False)["input_ids"]]
     return next((k for k, (a, b) in enumerate(zip(fresh, ep.completion_ids)) if a != b),
                 None if len(fresh) == len(ep.completion_ids) else min(len(fresh), len(ep.completion_ids)))
 
@@ -480,10 +502,10 @@ def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config:
 def cli_bench(argv: list[str] | None = None) -> int:
     """`afm bench rollout`: rollouts of the tool-calling tiny model batched, one at a time and the library way, side
     by side."""
-    import argparse
+    from afm.args import ArgParser
     from afm.tasks import load_benchmark
     from afm.world import tool_sizes, world_toolbox
-    p = argparse.ArgumentParser(prog="afm bench rollout", description=cli_bench.__doc__)
+    p = ArgParser(prog="afm bench rollout", description=cli_bench.__doc__)
     p.add_argument("--tasks", type=int, default=32, help="world-atomic test questions (default 32)")
     p.add_argument("--model", default=None, help="a model folder or name (default: the tool-calling tiny model)")
     p.add_argument("--profile", default="tiny", help="the profile whose tool sizes the episodes see (default: tiny)")

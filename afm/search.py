@@ -486,8 +486,8 @@ def bench_search(index: SearchIndex, queries: Sequence[str], k: int = 10) -> dic
 # %% ../nbs/02a_search.ipynb #9a7866b5
 def cli_bench(argv: list[str] | None = None) -> int:
     "`afm bench search`: BM25 search against rank-bm25 on the same queries and tokens, side by side."
-    import argparse
-    p = argparse.ArgumentParser(prog="afm bench search", description=cli_bench.__doc__)
+    from afm.args import ArgParser
+    p = ArgParser(prog="afm bench search", description=cli_bench.__doc__)
     p.add_argument("--queries", type=int, default=300, help="search queries (default 300)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
@@ -501,8 +501,9 @@ def cli_bench(argv: list[str] | None = None) -> int:
 # %% ../nbs/02a_search.ipynb #4e31141e
 def cli_serve(argv: list[str] | None = None) -> int:
     "`afm serve search`: the Search-R1-compatible retrieval server over the default index (plus a JSONL corpus)."
-    import argparse, socket, sys, uvicorn
-    p = argparse.ArgumentParser(prog="afm serve search", description=cli_serve.__doc__)
+    from afm.args import ArgParser
+    import socket, sys, uvicorn
+    p = ArgParser(prog="afm serve search", description=cli_serve.__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--corpus", help="extra documents, JSONL with url/title/text")

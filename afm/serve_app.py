@@ -379,8 +379,8 @@ def serve_chat(backend: ChatBackend, max_body_bytes: int = 4 * 2 ** 20, max_choi
 
 # %% ../nbs/07a_serve_app.ipynb #be878a93
 def _serve_parser():
-    import argparse
-    p = argparse.ArgumentParser(prog="afm serve model", description=cli_serve.__doc__)
+    from afm.args import ArgParser
+    p = ArgParser(prog="afm serve model", description=cli_serve.__doc__)
     p.add_argument("--model", default=None, help="a folder, `tiny`, `smollm2-135m-instruct` or a hub name of a cached "
                    "model (default: the profile's)")
     p.add_argument("--profile", default="tiny",

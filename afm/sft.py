@@ -118,11 +118,12 @@ class SFTArgs:
         if self.early_stopping and self.save_steps % self.val_steps:
             raise ValueError(f"SFTArgs: early stopping keeps the best checkpoint, so save_steps ({self.save_steps}) "
                              f"must be a multiple of val_steps ({self.val_steps})")
-        for name, known in (("lr_scheduler", known_schedulers()), ("attention", known_attentions()),
-                            ("optimizer", OPTIMIZERS), ("report_to", REPORTS)):
-            if getattr(self, name) not in known:
-                raise ValueError(f"SFTArgs.{name} = {getattr(self, name)!r} is not one transformers knows; use one of "
-                                 f"{', '.join(known)}")
+        for name, known in (("lr_scheduler", known_schedulers), ("attention", known_attentions),
+                            ("optimizer", lambda: OPTIMIZERS), ("report_to", lambda: REPORTS)):
+            value = getattr(self, name)  # a default needs no check (this chapter checks it): no transformers import
+            if value != self.__dataclass_fields__[name].default and value not in (names := known()):
+                raise ValueError(f"SFTArgs.{name} = {value!r} is not one transformers knows; use one of "
+                                 f"{', '.join(names)}")
 
 # %% ../nbs/09b_sft.ipynb #768e4b70
 def sft_args(profile: dict, where: str = "settings.ini", **overrides) -> SFTArgs:

@@ -89,9 +89,9 @@ def bench_sft(ds, model_factory, tokenizer, max_length: int = 2048, rows_per_ste
 def cli_bench(argv: list[str] | None = None) -> int:
     """`afm bench sft`: our packed padding-free SFT batches against TRL's default padded batches, side by side on the
     same rows."""
-    import argparse
+    from afm.args import ArgParser
     from afm.models import load, load_tokenizer
-    p = argparse.ArgumentParser(prog="afm bench sft", description=cli_bench.__doc__)
+    p = ArgParser(prog="afm bench sft", description=cli_bench.__doc__)
     p.add_argument("--profile", default="tiny",
                    help="whose distilled set (data/distill/<profile>) is read (default: tiny)")
     p.add_argument("--data", help="the SFT rows (default: <repo>/data/distill/<profile>)")

@@ -179,7 +179,7 @@ def fewshot_system(data, k: int, source: str = "world-atomic") -> str:
 def cli_sft(argv: list[str] | None = None) -> int:
     """`afm sft`: the SFT recipe on the profile's distilled CoA trajectories (copy curriculum, then SFT with
     observations masked); resumes an interrupted run."""
-    from afm.core import parse_configs, stage_parser, stage_profile
+    from afm.args import parse_configs, stage_parser, stage_profile
     p, pre = stage_parser("afm sft", cli_sft.__doc__, SFTArgs, options={
         "--data": {"help": "the SFT rows (default: <repo>/data/distill/<profile>)"},
         "--out": {"help": "output folder, a sub-folder per stage (default: <repo>/data/sft/<profile>)"}})

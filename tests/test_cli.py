@@ -1,6 +1,7 @@
 """The `afm` console script, run as a user runs it: a process of its own."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,51 @@ def test_help_lists_every_subcommand():
     assert r.returncode == 0
     for cmd in ("run", "distill", "sft", "rl", "eval", "serve", "bench"):
         assert f"  {cmd} " in r.stdout, cmd
+
+
+_HELP_ALL = """
+import contextlib, io, json, re, sys, time
+from afm.cli import COMMANDS, main, providers
+out = {}
+for cmd in COMMANDS:
+    for target in [None] + [t for t in providers(cmd) if t]:
+        argv = [cmd] + ([target] if target else []) + ["--help"]
+        buf, t0 = io.StringIO(), time.perf_counter()
+        with contextlib.redirect_stdout(buf):
+            try: rc = main(argv)
+            except SystemExit as e: rc = e.code
+        out[" ".join(argv[:-1])] = {"rc": rc, "help": buf.getvalue(), "s": time.perf_counter() - t0}
+heavy = sorted(m for m in ("torch", "transformers", "trl", "papermill", "peft", "datasets") if m in sys.modules)
+print(json.dumps({"commands": out, "heavy": heavy}))
+"""
+
+
+def test_every_commands_help_answers_without_loading_a_framework():
+    """`afm COMMAND --help` answers at once: no command imports torch, transformers, TRL or papermill to show its
+    options (each once took 2 to 9 s to import)."""
+    r = subprocess.run([sys.executable, "-c", _HELP_ALL], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    print({k: round(v["s"], 2) for k, v in got["commands"].items()})  # seconds, this machine, not asserted
+    assert got["heavy"] == [], got["heavy"]
+    assert {"serve", "serve search", "serve model", "bench rl", "sft", "rl", "eval", "run"} <= set(got["commands"])
+    for name, h in got["commands"].items():
+        assert h["rc"] == 0 and "usage: afm" in h["help"], (name, h)
+        text = " ".join(h["help"].split())
+        assert not re.search(r"\(default[^()]*\) \(default", text), (name, "a doubled default")
+        for flag in re.findall(r"--no-([a-z0-9-]+)", text):  # a switch's off form says what it turns off
+            assert f"--{flag} [" not in text or f"turn --{flag} off" in text, (name, flag)
+
+
+def test_every_option_takes_both_spellings():
+    "`--no-resume` and `--no_resume` are one option; no command parser is a bare argparse one."
+    for flag in ("--no-resume", "--no_resume"):
+        r = afm("run", flag, "--list")
+        assert r.returncode == 0 and "tiny" in r.stdout, (flag, r.stderr)
+    bare = [p.name for p in (REPO / "afm").glob("*.py")
+            if "argparse.ArgumentParser(" in p.read_text() and p.name not in ("args.py", "cli.py")]
+    assert bare == [], f"{bare}: parse with afm.args.ArgParser, which takes both spellings"
 
 
 def test_every_command_has_a_written_chapter():

@@ -105,6 +105,17 @@ def test_every_pipeline_chapter_takes_its_parameters():
                                                                            "declare profile and reports_dir")
 
 
+def test_the_parameters_read_are_the_ones_papermill_injects_by():
+    """`declared_parameters` reads a chapter's parameters cell without papermill (so `afm sft --help` does not import
+    it); papermill's own reading, which `afm run` injects by, must agree on every notebook."""
+    import papermill
+    from afm.core import declared_parameters
+    for path in sorted((REPO / "nbs").glob("*.ipynb")):
+        theirs = {k: d["default"] for k, d in papermill.inspect_notebook(str(path)).items()}
+        assert declared_parameters(path) == theirs, path.name
+    assert declared_parameters("10c_rl_study")["rl_test_samples"] == "2"  # source text, the notebook's default
+
+
 @pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09c_sft_recipe", "sft_", ("sft_demo_steps",)),
                                                                 ("10c_rl_study", "rl_",
                                                                  ("rl_demo_steps", "rl_sft_from")),
