@@ -293,3 +293,17 @@ def test_a_chapter_imports_only_the_chapters_above_it():
             later += [f"afm.{c.module}:{node.lineno} imports afm.{m}" for m in names if order.get(m, -1)
                       > order[c.module]]
     assert not later, later
+
+
+def test_no_committed_record_names_the_folder_a_clone_lived_in():
+    """What a run commits (reports, the README) holds paths relative to the clone: a stamp, a figure or an executed
+    notebook that named `/home/me/afm/reports/` would differ from clone to clone (temporary folders a chapter's own
+    checks make and print are not a clone's)."""
+    import re
+    import subprocess
+    clone_path = re.compile(r"(?<![\w.:/~-])(?!/tmp/tmp)/(?:[\w.-]+/)+(?:reports|data|nbs|afm)/")
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "reports", "README.md", "docs"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    hits = [(f, m.group(0)) for f in files if (REPO / f).suffix in (".json", ".jsonl", ".md", ".ipynb", ".html")
+            for m in clone_path.finditer((REPO / f).read_text(encoding="utf-8", errors="replace"))]
+    assert hits == [], hits[:10]
