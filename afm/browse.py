@@ -10,16 +10,18 @@ import math
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .args import ArgParser
 from .coa import TAGS, TagRegistry, Trajectory
 from .core import read_rows
 from .mas import MASRun
+from .tasks import Task
 
 # %% auto #0
-__all__ = ['OBSERVATION_COLOUR', 'RECORD_FIELDS', 'role_colours', 'outcome', 'record_view', 'teacher_view', 'distilled_view',
-           'task_lines', 'read_line', 'pick', 'collect', 'page', 'write_page', 'cli_browse']
+__all__ = ['OBSERVATION_COLOUR', 'RECORD_FIELDS', 'role_colours', 'outcome', 'grade_reason', 'generated_tasks', 'record_view',
+           'teacher_view', 'distilled_view', 'task_lines', 'read_line', 'pick', 'collect', 'page', 'write_page',
+           'profile_sources', 'cli_browse']
 
 # %% ../nbs/11a_browse.ipynb #3c0f0c85
 _AGENT_HUES = ("#6a3d9a", "#1f78b4", "#e6550d", "#33a02c", "#b15928", "#c51b7d")  # roles and the answer, in order
@@ -42,8 +44,48 @@ def role_colours(tags: TagRegistry | None = None) -> dict[str, str]:
 def outcome(rec: dict) -> str:
     """What became of a graded rollout: `format failure` (no parsable answer), `solved` (reward 1), `partial`
     (0 < reward < 1) or `failed`."""
-    if rec["format_failure"]: return "format failure"
-    return "solved" if rec["reward"] >= 1 else "partial" if rec["reward"] > 0 else "failed"
+    return "format failure" if rec["format_failure"] else _graded(rec["reward"])
+
+
+def _graded(reward: float) -> str: return "solved" if reward >= 1 else "partial" if reward > 0 else "failed"
+
+# %% ../nbs/11a_browse.ipynb #26c64734
+def grade_reason(task: Task, answer: str | None, reward: float) -> str:
+    """Why `answer` to `task` scored `reward`, by the rule `afm.grading.grade` applied: nothing to grade, a hedge, a
+    normalised exact match against the gold answers, Math-Verify, the tests, the judge."""
+    from afm.grading import MAX_PREDICTION_CHARS, answer_text, normalize_answer, split_answers
+    if answer is None: return "no answer: nothing to grade (0)"
+    text = answer_text(answer)
+    if not text or len(text) > MAX_PREDICTION_CHARS: return "an empty or over-long answer scores 0"
+    if task.kind == "math": return f"Math-Verify: {'equal' if reward >= 1 else 'not equal'} to the gold answer"
+    if task.kind == "code": return f"the hidden tests {'pass' if reward >= 1 else 'fail'} ({reward:g})"
+    if task.kind == "web": return "the LLM judge's verdict on the answer against the gold"
+    parts, golds = [normalize_answer(p) for p in split_answers(text)], [normalize_answer(g) for g in task.answers]
+    if task.meta.get("all_of"): return f"names {reward:.0%} of the gold answers, and nothing else"
+    if len(parts) > 1 and reward < 1: return f"a hedge of {len(parts)} answers scores 0: every part must be gold"
+    said = " | ".join(parts)
+    return (f"'{said}' is a gold answer (normalised exact match)" if reward >= 1 else
+            f"'{said}' is not a gold answer ({' / '.join(golds[:4])}; normalised exact match)")
+
+# %% ../nbs/11a_browse.ipynb #4aef9655
+def generated_tasks(ids: Iterable[str], scale: float = 1.0, seed: int = 0) -> dict[str, Task]:
+    """The tasks of the generated suites among `ids` (`suite/split/…`), made again from their world (`scale`, `seed`):
+    their gold answers and kinds, for the page's grades. An id of another benchmark or another world is left out."""
+    from afm.evaluate import MAX_GENERATED
+    from afm.world_suites import GENERATED_SUITES, load_generated
+    want: dict[tuple[str, str], set[str]] = {}
+    for i in ids:
+        suite, split = (i.split("/") + ["", ""])[:2]
+        if suite in GENERATED_SUITES: want.setdefault((suite, split), set()).add(i)
+    out = {}
+    for (suite, split), need in want.items():
+        n = 64  # a split's first n are the same whatever n: ask for more until every id is found
+        while True:
+            found = {t.id: t for t in load_generated(suite, scale, seed, {split: n}) if t.id in need}
+            if len(found) == len(need) or n >= MAX_GENERATED: break
+            n = min(4 * n, MAX_GENERATED)
+        out |= found
+    return out
 
 # %% ../nbs/11a_browse.ipynb #267e3b4a
 def _steps(traj: Trajectory | None) -> list[list]:
@@ -63,41 +105,56 @@ def _check_sample(sample: Any, where: str) -> None:
         raise ValueError(f"{where}: a damaged record: sample must be a whole number from 0, got {sample!r:.20}")
 
 # %% ../nbs/11a_browse.ipynb #88b2c197
-def _shown(v: Any) -> Any:
-    "A figure as the page shows it: a number JSON cannot carry (NaN, infinity) as blank."
-    return None if isinstance(v, float) and not math.isfinite(v) else v
+_FIELD_TYPES = {"tool_calls": int, "sampled_tokens": int, "seconds": (int, float), "answer": str, "end": str}
+
+
+def _checked(rec: dict, where: str) -> None:
+    """Refuse a record whose figures afm would not write: a reward that is no finite number, a figure of another type
+    or a NaN (a browser parses no bare NaN: it would blank the page), in one line naming its file and line."""
+    r = rec["reward"]
+    if not isinstance(r, (int, float)) or isinstance(r, bool):
+        raise ValueError(f"{where}: reward must be a number, got {r!r:.40}")
+    if not math.isfinite(r): raise ValueError(f"{where}: reward must be a finite number, got {r}")
+    for key, kind in _FIELD_TYPES.items():
+        v = rec.get(key)
+        if v is None: continue
+        if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)):
+            raise ValueError(f"{where}: {key} must be {'text' if kind is str else 'a finite number'}, got {v!r:.40}")
 
 # %% ../nbs/11a_browse.ipynb #6979f4ab
-def record_view(rec: dict, source: str, where: str) -> dict:
-    """One graded rollout (a record of `afm.evaluate`) as a view: outcome, reward, sampled tokens, tool calls and the
-    steps; `where` names it in errors (a reward that is no finite number, a sample that is no whole number)."""
+def record_view(rec: dict, source: str, where: str, task: Task | None = None) -> dict:
+    """One graded rollout (a record of `afm.evaluate`) as a view: outcome, reward (and why, given its `task`), sampled
+    tokens, tool calls and the steps; `where` names it in errors (a figure afm would not write, a sample that is no
+    whole number)."""
     if missing := [f for f in RECORD_FIELDS if f not in rec]:
         raise ValueError(f"{where}: not an evaluation record (no {', '.join(missing)}); "
                          "records are what `afm eval` writes")
     _check_sample(rec["sample"], where)
-    if not isinstance(rec["reward"], (int, float)) or isinstance(rec["reward"], bool):
-        raise ValueError(f"{where}: reward must be a number, got {rec['reward']!r:.40}")
-    if not math.isfinite(rec["reward"]):
-        raise ValueError(f"{where}: reward must be a finite number, got {rec['reward']}")
+    _checked(rec, where)
     traj = None if rec["trajectory"] is None else Trajectory.from_dict(rec["trajectory"], where=f"{where}: trajectory")
     return {"source": source, "label": f"{source} #{rec['sample']}", "outcome": outcome(rec), "reward": rec["reward"],
-            "end": rec.get("end"), "tokens": _shown(rec.get("sampled_tokens")), "tokens_are": "sampled",
-            "tool_calls": _shown(rec.get("tool_calls")), "seconds": _shown(rec.get("seconds")),
-            "answer": rec.get("answer"), "problems": traj.problems if traj else [],
+            "end": rec.get("end"), "tokens": rec.get("sampled_tokens"), "tokens_are": "sampled",
+            "tool_calls": rec.get("tool_calls"), "seconds": rec.get("seconds"), "answer": rec.get("answer"),
+            "why": grade_reason(task, rec.get("answer"), rec["reward"]) if task else None,
+            "problems": traj.problems if traj else [],
             "masked": True, "steps": _steps(traj)}
 
 # %% ../nbs/11a_browse.ipynb #aca261cb
-def teacher_view(row: dict, where: str) -> dict:
+def teacher_view(row: dict, where: str, task: Task | None = None) -> dict:
     """One recorded teacher run (a line of `runs.jsonl`) as a view: each agent's activation a step, with the agent's
-    name."""
+    name; graded as the models' answers are when its `task` is known (a web answer needs the judge: left ungraded)."""
     try: run = MASRun.from_dict(row)
     except (TypeError, KeyError) as e: raise ValueError(f"{where}: not a recorded teacher run ({e})") from None
-    totals = run.totals()
+    totals, reward, why, outcome_ = run.totals(), None, None, f"teacher {run.status}"
+    if task is not None and task.kind != "web":
+        from afm.grading import grade
+        reward = grade(task, run.answer) if run.answer is not None else 0.0
+        why, outcome_ = grade_reason(task, run.answer, reward), _graded(reward) if run.answer is not None else outcome_
     steps = [[a.tag, a.output, a.observation, a.agent] for a in run.activations]
-    return {"source": "teacher", "label": f"teacher ({run.brain or 'unnamed'})", "outcome": f"teacher {run.status}",
-            "reward": None, "end": run.reason or run.status, "tokens": totals["tokens"], "tokens_are": "all agents",
-            "tool_calls": totals["tool_calls"], "seconds": totals["seconds"], "answer": run.answer, "problems": [],
-            "masked": False, "steps": steps}
+    return {"source": "teacher", "label": f"teacher ({run.brain or 'unnamed'})", "outcome": outcome_,
+            "reward": reward, "end": run.reason or run.status, "tokens": totals["tokens"], "tokens_are": "all agents",
+            "tool_calls": totals["tool_calls"], "seconds": totals["seconds"], "answer": run.answer, "why": why,
+            "problems": [], "masked": False, "steps": steps}
 
 # %% ../nbs/11a_browse.ipynb #c0ee7eed
 def distilled_view(row: dict, where: str) -> dict:
@@ -109,7 +166,7 @@ def distilled_view(row: dict, where: str) -> dict:
     return {"source": "distilled", "label": "distilled", "outcome": "kept", "reward": None, "end": None,
             "tokens": row.get("teacher_tokens"), "tokens_are": "the teacher's",
             "tool_calls": len([s for s in traj.steps if s.observation is not None]), "seconds": None,
-            "answer": traj.answer, "problems": [], "masked": True, "steps": _steps(traj)}
+            "answer": traj.answer, "why": None, "problems": [], "masked": True, "steps": _steps(traj)}
 
 # %% ../nbs/11a_browse.ipynb #c29e6dfb
 _TASK_ID = re.compile(rb'"task_id":\s*"((?:[^"\\]|\\.)*)"')
@@ -158,10 +215,12 @@ def _records(name: str, path: Path) -> Iterator[tuple[str, dict]]:
     yield from read_rows(path)
 
 # %% ../nbs/11a_browse.ipynb #9bf9a28c
-def collect(records: dict[str, Path | str] | None = None, distill: Path | str | None = None, limit: int = 100) -> dict:
+def collect(records: dict[str, Path | str] | None = None, distill: Path | str | None = None, limit: int = 100,
+            tasks: Callable[[list[str]], dict[str, Task]] | None = None) -> dict:
     """What the page shows: up to `limit` tasks, each with its views side by side (the teacher's run and the distilled
     row from the `afm distill` folder `distill`, then each `records` source's rollouts, by sample), and the filters'
-    values. A record afm would not write (a sample that is no whole number) is a ValueError naming file:line."""
+    values. `tasks` makes the shown tasks again from their ids (`generated_tasks`): their gold answers, the teacher's
+    grades and why each grade is what it is. A record afm would not write is a ValueError naming file:line."""
     records = {k: Path(v) for k, v in (records or {}).items()}
     if limit < 1: raise ValueError(f"limit must be at least 1, got {limit}")
     if "teacher" in records or "distilled" in records:
@@ -184,18 +243,22 @@ def collect(records: dict[str, Path | str] | None = None, distill: Path | str | 
     groups: dict[tuple, list[str]] = {}
     for t in sorted(suites, key=lambda t: -len(holders[t])):  # tasks that more sources hold first
         groups.setdefault((suites[t], *sorted(holders[t])), []).append(t)
-    tasks = {t: {"id": t, "suite": suites[t], "question": "", "views": []} for t in pick(groups, limit)}
-    for k, view in (("teacher", teacher_view), ("distilled", distilled_view)):
+    shown = pick(groups, limit)
+    known = tasks(shown) if tasks else {}
+    tasks = {t: {"id": t, "suite": suites[t], "question": "", "views": [],
+                 "gold": known[t].answers if t in known and known[t].kind != "code" else None} for t in shown}
+    for k in ("teacher", "distilled"):
         for t, task in tasks.items():
             if (at := lines.get(k, {}).get(t)) is None: continue
-            row = read_line(files[k], *at)
-            task["views"].append(view(row, f"{files[k]}:{at[0]}"))
+            row, where = read_line(files[k], *at), f"{files[k]}:{at[0]}"
+            task["views"].append(teacher_view(row, where, known.get(t)) if k == "teacher" else
+                                 distilled_view(row, where))
             task["question"] = task["question"] or row.get("question", "")
             if k == "distilled" and isinstance(row.get("source"), str): task["suite"] = row["source"]
     for name, rows in recs.items():
         for w, r in sorted((x for x in rows if x[1]["task_id"] in tasks), key=lambda x: x[1].get("sample", 0)):
             task = tasks[r["task_id"]]
-            task["views"].append(record_view(r, name, w))
+            task["views"].append(record_view(r, name, w, known.get(r["task_id"])))
             task["question"] = task["question"] or (r["trajectory"] or {}).get("question", "")
     return _with_filters(list(tasks.values()), [*files, *records], len(suites))
 
@@ -225,7 +288,7 @@ def _with_filters(tasks: list[dict], sources: list[str], available: int) -> dict
 # %% ../nbs/11a_browse.ipynb #f1f30fa0
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#fff;border-bottom:1px solid #ddd;padding:8px 16px}
+header{background:#fff;border-bottom:1px solid #ddd;padding:8px 16px;position:sticky;top:0;z-index:2}
 h1{font-size:18px;margin:0 0 6px}
 fieldset{display:inline-block;border:1px solid #ddd;margin:0 8px 4px 0;padding:2px 8px;vertical-align:top}
 legend{font-size:12px;color:#666}
@@ -234,7 +297,11 @@ label{margin-right:8px;white-space:nowrap}
 #count{color:#555;margin-left:8px}
 main{padding:8px 16px}
 .task{background:#fff;border:1px solid #ddd;border-radius:6px;margin:12px 0;padding:8px 12px}
-.task h2{font-size:15px;margin:0 0 4px}
+.task h2{font-size:15px;margin:0 0 4px;display:inline}
+.task summary{cursor:pointer}
+.gold{font-size:12px;color:#1b5e20;margin:2px 0 4px}
+.why{font-size:12px;color:#37474f;font-style:italic;margin-bottom:4px}
+#pages button{margin:0 4px}
 .task .id{font:12px monospace;color:#666}
 .views{display:flex;gap:10px;overflow-x:auto;align-items:flex-start}
 .view{flex:1 0 340px;max-width:640px;border:1px solid #e3e3e3;border-radius:4px;padding:6px}
@@ -303,43 +370,62 @@ function view(v) {
   if (v.seconds !== null && v.seconds !== undefined) facts.push(v.seconds + ' s');
   if (v.end) facts.push('end: ' + v.end);
   d.append(el('div', 'facts', facts.join(' · ')));
+  if (v.why) d.append(el('div', 'why', 'why: ' + v.why));
   for (const p of v.problems) d.append(el('div', 'problems', p));
   for (const s of v.steps) d.append(step(s, v.masked));
   if (!v.steps.length) d.append(el('div', 'problems', 'no trajectory'));
   return d;
 }
+function words(t) {  // what the search reads: the question, the gold, and every view's answer, steps and observations
+  const out = [t.id, t.question, ...(t.gold || [])];
+  for (const v of t.views) {
+    out.push(v.answer || '');
+    for (const [, text, obs] of v.steps) out.push(text || '', obs || '');
+  }
+  return out.join(' ').toLowerCase();
+}
 function draw() {
   const main = $('main');
   for (const t of D.tasks) {
-    const s = el('section', 'task');
-    s.dataset.suite = t.suite;
-    s.dataset.text = (t.id + ' ' + t.question).toLowerCase();
-    s.append(el('h2', '', t.question || '(no question)'), el('div', 'id', t.suite + ' · ' + t.id));
-    const vs = el('div', 'views'); for (const v of t.views) vs.append(view(v)); s.append(vs);
-    main.append(s);
+    const s = el('section', 'task'), box = el('details'), head = el('summary');
+    box.open = true; s.dataset.suite = t.suite; s.dataset.text = words(t);
+    head.append(el('h2', '', t.question || '(no question)'));
+    box.append(head, el('div', 'id', t.suite + ' · ' + t.id));
+    if (t.gold) box.append(el('div', 'gold', 'gold: ' + t.gold.join(' · ')));
+    const vs = el('div', 'views'); for (const v of t.views) vs.append(view(v)); box.append(vs);
+    s.append(box); main.append(s);
   }
   for (const [role, colour] of Object.entries(D.colours)) {
     const sp = el('span', '', role); sp.style.background = colour; $('#legend').append(sp);
   }
 }
-function apply() {
+const PAGE = 20;  // tasks a page
+let at = 0;  // the page shown
+function apply(keep) {
+  if (keep !== true) at = 0;  // a new filter starts at its first page
   const suites = checked('suite'), outcomes = checked('outcome'), sources = checked('source');
-  const q = $('#q').value.toLowerCase();
-  let shown = 0;
+  const q = $('#q').value.toLowerCase(), match = [];
   for (const s of document.querySelectorAll('section.task')) {
     let any = false;
-    for (const v of s.querySelectorAll('.view')) {
-      v.hidden = !sources.has(v.dataset.source);
-      any = any || (!v.hidden && outcomes.has(v.dataset.outcome));
+    for (const v of s.querySelectorAll('.view')) {  // a view shows when its source and its outcome are ticked
+      v.hidden = !sources.has(v.dataset.source) || !outcomes.has(v.dataset.outcome);
+      any = any || !v.hidden;
     }
-    s.hidden = !(any && suites.has(s.dataset.suite) && s.dataset.text.includes(q));
-    shown += !s.hidden;
+    s.hidden = true;
+    if (any && suites.has(s.dataset.suite) && s.dataset.text.includes(q)) match.push(s);
   }
-  $('#count').textContent = shown + ' of ' + D.tasks.length + ' tasks shown'
+  const pages = Math.max(1, Math.ceil(match.length / PAGE));
+  at = Math.min(at, pages - 1);
+  match.slice(at * PAGE, (at + 1) * PAGE).forEach(s => { s.hidden = false; });
+  $('#count').textContent = match.length + ' of ' + D.tasks.length + ' tasks shown'
     + (D.available > D.tasks.length ? ' (' + D.available + ' available; --limit)' : '');
+  $('#page').textContent = 'page ' + (at + 1) + ' of ' + pages;
+  $('#prev').disabled = at === 0; $('#next').disabled = at >= pages - 1;
 }
 boxes('#suites', 'suite', D.suites); boxes('#outcomes', 'outcome', D.outcomes); boxes('#sources', 'source', D.sources);
 $('#q').oninput = apply;
+$('#prev').onclick = () => { at -= 1; apply(true); };
+$('#next').onclick = () => { at += 1; apply(true); };
 draw(); apply();
 """
 
@@ -374,8 +460,10 @@ def page(data: dict, title: str = "afm: trajectories") -> str:
 <body><header><h1>{title}</h1>
 <fieldset id="suites"><legend>suite</legend></fieldset><fieldset id="outcomes"><legend>outcome</legend></fieldset>
 <fieldset id="sources"><legend>source</legend></fieldset><fieldset><legend>search</legend>
-<input id="q" placeholder="task id or question"></fieldset>
-<div><span id="legend"></span><span id="count"></span></div></header>
+<input id="q" placeholder="words of a question, answer, tool input or observation"></fieldset>
+<div><span id="legend"></span><span id="count"></span>
+<span id="pages"><button id="prev">previous</button><span id="page"></span><button id="next">next</button></span></div>
+</header>
 <main></main>
 <script id="data" type="application/json">{_embed(data)}</script>
 <script>{_JS}</script>
@@ -384,15 +472,36 @@ def page(data: dict, title: str = "afm: trajectories") -> str:
 
 # %% ../nbs/11a_browse.ipynb #36b276a6
 def write_page(out: Path | str, records: dict[str, Path | str] | None = None, distill: Path | str | None = None,
-               limit: int = 100, title: str = "afm: trajectories") -> dict:
-    "Collect the sources and write the page to `out` (its folder made); returns the data it shows."
-    data = collect(records, distill, limit)
+               limit: int = 100, title: str = "afm: trajectories", profile: str | None = None) -> dict:
+    """Collect the sources and write the page to `out` (its folder made); with `profile`, the tasks are made again
+    from its world (`generated_tasks`: gold answers and grades). Returns the data the page shows."""
+    tasks = None
+    if profile is not None:
+        from afm.world import profile_world
+        scale, seed = profile_world(profile)
+        tasks = lambda ids: generated_tasks(ids, scale, seed)
+    data = collect(records, distill, limit, tasks)
     if not data["tasks"]: raise ValueError("nothing to show: the sources hold no task")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".tmp").write_text(page(data, title), encoding="utf-8")
     out.with_suffix(".tmp").replace(out)
     return data
+
+# %% ../nbs/11a_browse.ipynb #8eb4ac6a
+def profile_sources(profile: str, root: Path | str | None = None) -> tuple[dict[str, Path], Path]:
+    """What a run of `profile` leaves to browse: the SFT and RL models' greedy test records (chapter 10's
+    `data/rl/<profile>/summary.json`) and the teacher's runs on the same questions (chapter 11's
+    `data/results/<profile>`); a one-line FileNotFoundError saying how to make them when they are not there."""
+    from afm.core import data_dir, read_json
+    summary, teacher = data_dir("rl", profile, root) / "summary.json", data_dir("results", profile, root)
+    recs = ((read_json(summary) or {}).get("test_records") or {}) if summary.is_file() else {}
+    if not recs or not (teacher / "runs.jsonl").is_file():
+        raise FileNotFoundError(f"no run of profile {profile!r} to browse here yet ({summary} and "
+                                f"{teacher / 'runs.jsonl'}): `make reproduce` (or `afm run --profile {profile}`) "
+                                "writes them; or give --records NAME=FILE and/or --distill DIR")
+    names = {"sft_greedy": "SFT", "rl0_greedy": "RL"}
+    return {names.get(k, k): Path(p) for k, p in recs.items()}, teacher
 
 # %% ../nbs/11a_browse.ipynb #c7d39864
 def _source(spec: str) -> tuple[str, Path]:
@@ -414,12 +523,14 @@ def cli_browse(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=100,
                    help="the most tasks on the page, taken in turn from each suite (default: %(default)s)")
     p.add_argument("--title", default="afm: trajectories", help="the page's title")
+    p.add_argument("--profile", default="tiny", help="whose world the tasks come from (their gold answers and the "
+                   "teacher's grades) and, given no source, whose last run the page shows (default: tiny)")
     a = p.parse_args(argv)
-    if not a.records and not a.distill: p.error("nothing to browse: give --records NAME=FILE and/or --distill DIR")
     sources = dict(_source(s) for s in a.records)
     if len(sources) < len(a.records):
         raise ValueError("--records: two sources have the same name; name them NAME=FILE")
-    data = write_page(a.out, sources, a.distill, a.limit, a.title)
+    if not a.records and not a.distill: sources, a.distill = profile_sources(a.profile)
+    data = write_page(a.out, sources, a.distill, a.limit, a.title, a.profile)
     shown = ", ".join(f"{s} {n}" for s, n in data["sources"].items())
     print(f"wrote {a.out}: {len(data['tasks'])} tasks of {data['available']}, {shown}")
     return 0

@@ -389,16 +389,11 @@ def browse_page(profile: str, reports: Path, root: Path | str | None = None, lim
     """`reports/browse/index.html` (`afm.browse`): the teacher's runs on the results chapter's test questions beside the
     SFT and RL models' greedy answers to them; None, said in one line, when a source is missing (the run is not
     failed for it)."""
-    from afm.browse import write_page
-    rl, teacher = data_dir("rl", profile, root) / "summary.json", data_dir("results", profile, root)
+    from afm.browse import profile_sources, write_page
     try:
-        recs = (read_json(rl) or {}).get("test_records") or {}
-        if not recs or not (teacher / "runs.jsonl").is_file():
-            raise FileNotFoundError(f"{rl} or {teacher / 'runs.jsonl'} is missing")
-        names = {"sft_greedy": "SFT", "rl0_greedy": "RL"}
+        records, teacher = profile_sources(profile, root)
         out = Path(reports) / "browse" / "index.html"
-        write_page(out, {names.get(k, k): p for k, p in recs.items()}, teacher,
-                   limit, f"afm: trajectories, profile {profile}")
+        write_page(out, records, teacher, limit, f"afm: trajectories, profile {profile}", profile)
         return out
     except (OSError, ValueError) as e:
         print(f"afm run: no trajectory page: {e}", file=sys.stderr)

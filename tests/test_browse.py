@@ -70,13 +70,20 @@ def site(sources) -> Path:
 
 
 @pytest.fixture(scope="module")
-def page(site, tmp_path_factory):
-    "A Chromium tab with the page loaded from localhost; no request may leave it."
+def tab(site, tmp_path_factory):
+    "(base URL, a Chromium tab): the page's folder served on localhost, read in headless Chromium."
     pytest.importorskip("websocket", reason="websocket-client comes with the `docs` extra (`make install`)")
     if CHROMIUM is None: pytest.skip("Debian's chromium is not installed here")
-    from test_docs import load, serve_and_open
+    from test_docs import serve_and_open
     with serve_and_open(site, tmp_path_factory.mktemp("chromium")) as browser:
-        yield load(browser, "index.html")
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def page(tab):
+    "The page loaded from localhost; no request may leave it."
+    from test_docs import load
+    return load(tab, "index.html")
 
 
 def shown_tasks(page) -> list[str]:
@@ -207,3 +214,78 @@ def test_a_record_afm_would_not_write_is_refused_in_one_line(sources, tmp_path, 
                            capture_output=True, text=True, timeout=300, env=ENV)
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr and not out.exists()
+
+
+@needs_chromium
+def test_gold_answers_and_why_each_grade_is_what_it_is(page, sources):
+    "Each task shows its gold answers; the models' and the teacher's views are graded and say why."
+    golds = page.js("[...document.querySelectorAll('section.task')].map(s => [s.querySelector('.id').textContent"
+                    ".split(' · ')[1], s.querySelector('.gold') ? s.querySelector('.gold').textContent : null])")
+    for task_id, gold in golds:
+        task = sources["tasks"][task_id]
+        assert gold == (None if task.kind == "code" else "gold: " + " · ".join(task.answers)), (task_id, gold)
+    for source in ("model", "teacher"):
+        whys = page.js(f"[...document.querySelectorAll('.view[data-source={source}]')].map(v => "
+                       "v.querySelector('.why') ? v.querySelector('.why').textContent : null)")
+        assert whys and all(w and w.startswith("why: ") for w in whys), (source, whys)
+    outcomes = page.js("[...document.querySelectorAll('.view[data-source=teacher]')].map(v => v.dataset.outcome)")
+    assert set(outcomes) <= {"solved", "partial", "failed", "teacher skipped", "teacher failed"}, outcomes
+
+
+@needs_chromium
+def test_search_reads_answers_tool_inputs_and_observations(page, sources):
+    "A word only an observation holds finds its task: the search reads every word on the page, not just questions."
+    task = sources["kept"][0]
+    seen = [s.observation for s in task.steps if s.observation]
+    words = [w for o in seen for w in re.findall(r"[A-Za-z]{6,}", o)
+             if w.lower() not in task.question.lower() and w.lower() not in task.task_id.lower()]
+    assert words, seen
+    page.js("(() => { const q = document.getElementById('q'); q.value = %s; q.dispatchEvent(new Event('input')); })()"
+            % json.dumps(words[0]))
+    shown = [i.split(" · ")[1] for i in shown_tasks(page)]
+    assert task.task_id in shown, (words[0], shown)
+    page.js("(() => { const q = document.getElementById('q'); q.value = ''; q.dispatchEvent(new Event('input')); })()")
+
+
+@needs_chromium
+def test_the_outcome_filter_hides_the_views_it_excludes(page):
+    outcomes = page.js("[...document.querySelectorAll('input[name=outcome]')].map(c => c.value)")
+    for o in outcomes:
+        if o != "format failure": click(page, "outcome", o)
+    shown = page.js("[...document.querySelectorAll('section.task:not([hidden]) .view:not([hidden])')]"
+                    ".map(v => v.dataset.outcome)")
+    assert shown and set(shown) == {"format failure"}, shown
+    for o in outcomes:
+        if o != "format failure": click(page, "outcome", o)
+
+
+@needs_chromium
+def test_a_task_folds_and_the_header_stays(page):
+    assert page.js("getComputedStyle(document.querySelector('header')).position") == "sticky"
+    folds = page.js("(() => { const d = document.querySelector('section.task details'), was = d.open; "
+                    "d.querySelector('summary').click(); const folded = d.open; "
+                    "d.querySelector('summary').click(); return [was, folded, d.open]; })()")
+    assert folds == [True, False, True], folds
+
+
+@needs_chromium
+def test_many_tasks_come_a_page_at_a_time(tab, site, sources):
+    "A page of 45 tasks shows 20, then 20, then 5; a filter starts again at its first page."
+    from afm.browse import write_page
+    from test_docs import load
+    rec = sources["records"][0]
+    many = site.parent / "many.jsonl"
+    many.write_text("".join(json.dumps({**rec, "task_id": f"{rec['suite']}/test/t{i:02d}"}) + "\n" for i in range(45)))
+    write_page(site / "many.html", {"model": many})
+    page = load(tab, "many.html")
+    pages = []
+    for _ in range(3):
+        pages.append((len(shown_tasks(page)), page.js("document.getElementById('page').textContent")))
+        page.js("document.getElementById('next').click()")
+    assert pages == [(20, "page 1 of 3"), (20, "page 2 of 3"), (5, "page 3 of 3")], pages
+    assert page.js("document.getElementById('next').disabled") and "45 of 45" in page.js(
+        "document.getElementById('count').textContent")
+    page.js("(() => { const q = document.getElementById('q'); q.value = 't0'; "
+            "q.dispatchEvent(new Event('input')); })()")
+    assert len(shown_tasks(page)) == 10 and page.js("document.getElementById('page').textContent") == "page 1 of 1"
+    load(tab, "index.html")  # the module's other tests read the first page
