@@ -187,7 +187,7 @@ def task_lines(path: Path | str) -> dict[str, tuple[int, int]]:
 
 # %% ../nbs/11a_browse.ipynb #a887b559
 def read_line(path: Path | str, n: int, offset: int) -> dict:
-    "The JSON object on line `n` (at byte `offset`) of `path`; a damaged line is a ValueError naming file:line."
+    "The JSON object on line `n` (at byte `offset`) of `path`; a damaged line is a ValueError naming `file:line`."
     with open(path, "rb") as f:
         f.seek(offset)
         raw = f.readline()
@@ -220,7 +220,7 @@ def collect(records: dict[str, Path | str] | None = None, distill: Path | str | 
     """What the page shows: up to `limit` tasks, each with its views side by side (the teacher's run and the distilled
     row from the `afm distill` folder `distill`, then each `records` source's rollouts, by sample), and the filters'
     values. `tasks` makes the shown tasks again from their ids (`generated_tasks`): their gold answers, the teacher's
-    grades and why each grade is what it is. A record afm would not write is a ValueError naming file:line."""
+    grades and why each grade is what it is. A record afm would not write is a ValueError naming `file:line`."""
     records = {k: Path(v) for k, v in (records or {}).items()}
     if limit < 1: raise ValueError(f"limit must be at least 1, got {limit}")
     if "teacher" in records or "distilled" in records:

@@ -291,7 +291,7 @@ def choose(candidates: Sequence, records_by_candidate: dict, metric: str = "avg@
 # %% ../nbs/08a_evaluate.ipynb #32396d4f
 def read_records(path: Path | str) -> list[dict]:
     """The records of a JSONL file; a damaged last line is cut from the file (to be redone), a damaged earlier one, or a
-    record whose task id is no string or whose sample no whole number, is a ValueError naming file:line."""
+    record whose task id is no string or whose sample no whole number, is a ValueError naming `file:line`."""
     path = Path(path)
     if not path.is_file(): return []
     data, out, pos = path.read_bytes(), [], 0

@@ -61,7 +61,7 @@ class Task:
 
     @classmethod
     def from_dict(cls, row: dict, where: str = "task") -> "Task":
-        "Build a task from a dict; a malformed row is a ValueError naming `where` (\"file:row\") and the field."
+        "Build a task from a dict; a malformed row is a ValueError naming `where` (`file:row`) and the field."
         if not isinstance(row, dict): raise ValueError(f"{where}: expected an object, got {type(row).__name__}")
         names = [f.name for f in fields(cls)]
         if unknown := sorted(set(row) - set(names)):

@@ -9,7 +9,13 @@ sources to `<out>/src` and the site to `<out>/html`; it executes no notebook:
   cells flagged `#| hide` are dropped and nbdev's `#|` directives removed from the code shown;
 - the results page is `reports/README.md` (the report card) with every figure under `reports/`, and a link to the
   trajectory browser where `afm browse` wrote one (`reports/browse/index.html`, copied into the site as it is);
-- each chapter ends with the API reference of the module it exports, from the docstrings (autodoc).
+- a chapter that saves figures (`fig.savefig(out / "x.png")`) shows them under the cell that made them, from
+  `reports/<chapter>/`;
+- the run histories (`reports/<chapter>/HISTORY.md`) are pages of the site, and the chapters' links to them lead there;
+- each chapter ends with the API reference of the module it exports, from the docstrings (autodoc; nbdev's markdown
+  docstrings are read as markdown by `conf.py`).
+
+The build must be clean: `tests/test_docs.py` fails on any Sphinx warning and on any link that leads nowhere.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 NO_OUTPUTS = ("*This page shows the chapter's source without outputs: no executed copy of it was found in "
               "`reports/notebooks/`. `make reproduce` (or `afm run --chapters {stem}`) runs it and keeps one there; "
               "`make docs` then shows its outputs.*")
+NOT_RUN = ("*This chapter is a library chapter, not a step of the pipeline: `afm run` does not execute it, so the page "
+           "shows its source. Its checks run with `nbdev-test nbs/{stem}.ipynb` (`make test` runs them all); open "
+           "it in JupyterLab (`make lab`) to see its outputs.*")
+HISTORY = re.compile(r"\]\((?:\.\./)?reports/([\w-]+)/HISTORY\.md(#[^)\s]*)?\)")  # a link to a run history
+SAVED = re.compile(r"""savefig\([^\n]*?["']([\w.{}\-]+\.png)["']""")  # the figure file a cell saves
 
 
 def chapter_source(stem: str, reports: Path) -> tuple[Path, bool]:
@@ -55,17 +66,42 @@ LINK = re.compile(r"\]\((index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")
 
 
 def html_links(text: str, stem: str) -> str:
-    "Links between notebooks (`[x](09a_sft_data.ipynb#rows)`) as links between the site's pages."
+    """Links between notebooks (`[x](09a_sft_data.ipynb#rows)`) as links between the site's pages; links to a run
+    history (`reports/rl/HISTORY.md`) as links to its page."""
+    up = "../" if stem != "index" else ""
     def page(m):
         target = m[1] if m[1] == "index" else f"chapters/{m[1]}"
-        return f"]({'../' if stem != 'index' else ''}{target}.html{m[2] or ''})"
+        return f"]({up}{target}.html{m[2] or ''})"
+    text = HISTORY.sub(lambda m: f"]({up}histories/{m[1]}.html{m[2] or ''})", text)
     return LINK.sub(page, text)
 
 
-def adapt(nb, executed: bool, stem: str):
-    "A notebook as myst-nb renders it: hidden cells dropped, directives stripped, the API reference appended."
+def chapter_keys() -> dict[str, tuple[str, bool]]:
+    "Each chapter's notebook stem -> (the folder of `reports/` its figures go to, whether the pipeline runs it)."
+    from afm.core import CHAPTERS
+    return {c.notebook: (c.key, c.pipeline) for c in CHAPTERS}
+
+
+def saved_figures(source: str, folder: Path) -> list[Path]:
+    "The figures a code cell saves (`savefig(... \"x.png\")`; `{...}` in the name matches anything) found in `folder`."
+    found = []
+    for name in SAVED.findall(source):
+        found += sorted(folder.glob(re.sub(r"\{[^}]*\}", "*", name)))
+    return list(dict.fromkeys(found))
+
+
+def _no_rule(output) -> None:
+    "A markdown output (`show_doc`'s) without the rule it opens with: docutils allows a rule only between sections."
+    md = (output.get("data") or {}).get("text/markdown")
+    if isinstance(md, str): output["data"]["text/markdown"] = re.sub(r"\A\s*---+\s*\n", "", md)
+
+
+def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path | None = None, pipeline: bool = True):
+    """A notebook as myst-nb renders it: hidden cells dropped, directives stripped, each saved figure shown under the
+    cell that saved it (from `figures`, copied into `src`), the API reference appended."""
     module, cells = default_exp(nb), []
     for cell in nb.cells:
+        shown = []
         if cell.cell_type == "code":
             flags = directives(cell.source)
             # papermill's injected values follow
@@ -75,12 +111,20 @@ def adapt(nb, executed: bool, stem: str):
             cell.source = "\n".join(l for l in cell.source.splitlines() if not l.startswith("#|")).strip("\n")
             if not cell.source and not cell.get("outputs"):
                 continue
+            for output in cell.get("outputs", []): _no_rule(output)
+            has_image = any("image/png" in (o.get("data") or {}) for o in cell.get("outputs", []))
+            if executed and figures is not None and src is not None and not has_image:
+                shown = saved_figures(cell.source, figures)
         else:
             cell.source = html_links(cell.source, stem)
         cell.metadata = {}  # papermill's and nbdev's keys are not myst-nb's
         cells.append(cell)
+        if shown:
+            cells.append(nbformat.v4.new_markdown_cell("\n".join(figure_md(f, figures.parent, src, "../")
+                                                                  for f in shown)))
     if not executed and stem != "index" and cells and cells[0].cell_type == "markdown":  # the home page is not run
-        cells.insert(1, nbformat.v4.new_markdown_cell(NO_OUTPUTS.format(stem=stem)))
+        advice = NO_OUTPUTS if pipeline else NOT_RUN
+        cells.insert(1, nbformat.v4.new_markdown_cell(advice.format(stem=stem)))
     if module:
         # autodoc writes reST
         cells.append(nbformat.v4.new_markdown_cell(
@@ -93,14 +137,15 @@ def adapt(nb, executed: bool, stem: str):
 
 def write_chapters(src: Path, reports: Path) -> list[str]:
     "Write every chapter (and the home page) into `src`; returns the chapters' stems in order."
-    stems = []
+    stems, keys = [], chapter_keys()
     for path in sorted((REPO / "nbs").glob("*.ipynb")):
         stem = path.stem
         origin, executed = chapter_source(stem, reports)
-        nb = adapt(nbformat.read(origin, as_version=4), executed, stem)
+        key, pipeline = keys.get(stem, (None, False))
+        nb = adapt(nbformat.read(origin, as_version=4), executed, stem, reports / key if key else None, src, pipeline)
         if stem == "index":
             nb.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: "
-                                                          "1\n\nresults\nchapters\n```"))
+                                                          "1\n\nresults\nchapters\nhistories\n```"))
             nbformat.write(nb, src / "index.ipynb")
         else:
             (src / "chapters").mkdir(exist_ok=True)
@@ -112,13 +157,29 @@ def write_chapters(src: Path, reports: Path) -> list[str]:
     return stems
 
 
-def figure_md(fig: Path, reports: Path, src: Path) -> str:
-    "A figure of `reports/` copied into the site, as markdown under a caption naming its file."
+def figure_md(fig: Path, reports: Path, src: Path, up: str = "") -> str:
+    """A figure of `reports/` copied into the site, as markdown under a caption naming its file (`up`: the way from the
+    page to the site's root)."""
     rel = fig.relative_to(reports)
     dest = src / "figures" / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(fig, dest)
-    return f"**`reports/{rel}`**\n\n![reports/{rel}](figures/{rel})\n"
+    return f"**`reports/{rel.as_posix()}`**\n\n![reports/{rel.as_posix()}]({up}figures/{rel.as_posix()})\n"
+
+
+def write_histories(src: Path, reports: Path) -> int:
+    """Each run history (`reports/<chapter>/HISTORY.md`: what was tried, measured and decided) as a page of the site,
+    and the page listing them; returns how many."""
+    found = sorted(reports.glob("*/HISTORY.md"))
+    (src / "histories").mkdir(exist_ok=True)
+    for h in found:
+        text = re.sub(r"\]\((?:\.\./)([\w-]+)/HISTORY\.md", r"](\1.md", h.read_text())  # one history to another
+        (src / "histories" / f"{h.parent.name}.md").write_text(text)
+    toc = "\n".join(f"histories/{h.parent.name}" for h in found)
+    (src / "histories.md").write_text("# Run histories\n\nWhat each stage tried, measured and decided, run by run "
+                                      "(`reports/<chapter>/HISTORY.md`).\n\n"
+                                      f"```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
+    return len(found)
 
 
 def write_results(src: Path, reports: Path) -> int:
@@ -166,11 +227,13 @@ def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Pa
     t0 = time.time()
     stems = write_chapters(src, reports)
     n_fig = write_results(src, reports)
+    n_hist = write_histories(src, reports)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(REPO / "docs"), str(src), str(html),
            "-d", str(out / "doctrees")] + (["-q"] if quiet else [])
     subprocess.run(cmd, check=True, cwd=REPO)
     copy_browse(reports, html)
-    print(f"docs: {len(stems)} chapters, {n_fig} figures -> {html}/index.html ({time.time() - t0:.0f} s)")
+    print(f"docs: {len(stems)} chapters, {n_fig} figures, {n_hist} histories -> {html}/index.html "
+          f"({time.time() - t0:.0f} s)")
     return html / "index.html"
 
 

@@ -89,11 +89,18 @@ class Page:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    "The site, built once for this module exactly as `make docs` builds it."
+def built(tmp_path_factory) -> tuple[Path, str]:
+    "The site, built once for this module exactly as `make docs` builds it, and what the build said (warnings too)."
     out = tmp_path_factory.mktemp("docs")
-    subprocess.run([sys.executable, "docs/build.py", "--out", str(out)], cwd=REPO, check=True, timeout=300)
-    return out / "html"
+    r = subprocess.run([sys.executable, "docs/build.py", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / "html", r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def site(built) -> Path:
+    return built[0]
 
 
 @contextlib.contextmanager
@@ -169,7 +176,8 @@ def test_chapter_page(browser):
     api = page.js("[...document.querySelectorAll('dl.py dt.sig')].map(dt => dt.id)")
     assert "afm.sft_data.sft_rows" in api, api[:10]
     executed = (REPO / "reports" / "notebooks" / "09a_sft_data.ipynb").exists()
-    assert executed or "without outputs" in page.js("document.body.innerText"), "a chapter without outputs must say so"
+    said = page.js("document.body.innerText")
+    assert executed or "not a step of the pipeline" in said, "a chapter without outputs must say so"
     assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/08_rollout.html'))")
 
 
@@ -182,3 +190,48 @@ def test_results_page(browser):
     figures = sorted(p for p in (REPO / "reports").rglob("*.png") if "notebooks" not in p.parts)
     assert len(images) >= len(figures) > 0, (len(images), len(figures))
     assert all(width > 0 for _, width in images), [src for src, width in images if not width]
+
+
+def test_the_build_is_clean(built):
+    "No Sphinx warning and no error: a docstring, a notebook output or a link Sphinx cannot read is a failure here."
+    said = [line for line in built[1].splitlines() if "WARNING" in line or "ERROR" in line]
+    assert said == [], said[:10]
+
+
+def test_no_link_leads_nowhere(site):
+    "Every link and image of every page leads to a file of the site (links to the web aside)."
+    import re
+    from urllib.parse import unquote, urlsplit
+    pages, broken = sorted(site.rglob("*.html")), []
+    for page in pages:
+        for ref in re.findall(r'(?:href|src)="([^"]+)"', page.read_text(errors="replace")):
+            if re.match(r"^(https?:|mailto:|#|data:|javascript:)", ref) or not urlsplit(ref).path: continue
+            if not (page.parent / unquote(urlsplit(ref).path)).exists(): broken.append((page.relative_to(site), ref))
+    print(f"{len(pages)} pages, {len(broken)} broken links")
+    assert len(pages) > 50 and broken == [], broken[:10]
+
+
+def test_chapter_pages_carry_their_figures(browser):
+    "A chapter that saves its figures shows them under the cell that made them, loaded."
+    for stem, name in (("11_results", "efficiency.png"), ("10c_rl_study", "rl_vs_sft.png")):
+        if not (REPO / "reports" / "notebooks" / f"{stem}.ipynb").exists(): continue  # no executed chapter here
+        page = load(browser, f"chapters/{stem}.html")
+        images = page.js("[...document.querySelectorAll('img')].map(i => [i.getAttribute('src'), i.naturalWidth])")
+        assert any(src.endswith(name) and width > 0 for src, width in images), (stem, images)
+
+
+def test_the_api_reference_reads_markdown_docstrings(browser):
+    "afm.engine's module docstring holds a markdown table: the reference shows a table, not its `|---|` text."
+    page = load(browser, "chapters/07_engine.html")
+    text = page.js("document.querySelector('section[id^=module-]').innerText")
+    assert "|---" not in text and page.js("document.querySelectorAll('section[id^=module-] table').length") > 0
+
+
+def test_histories_are_pages_and_the_advice_works(browser):
+    "The run histories are pages of the site; a library chapter's page gives advice that works."
+    page = load(browser, "histories.html")
+    listed = page.js("[...document.querySelectorAll('.toctree-wrapper a')].map(a => a.getAttribute('href'))")
+    assert "histories/rl.html" in listed, listed
+    page = load(browser, "chapters/13_cli.html")
+    said = page.js("document.body.innerText")
+    assert "nbdev-test nbs/13_cli.ipynb" in said and "--chapters 13_cli" not in said
