@@ -101,6 +101,9 @@ def _distill_sft_rows(t: _Rows) -> None:
     gaia = f"AFM-SFT-32B on GAIA: {t.paper_value('web', 'AFM-SFT-32B', 'gaia')}%"
     t.add("SFT", f"world QA (the 4 world suites of {on}), SFT model, greedy", t.num("sft.world_qa_sft_strict"), qa,
           t.get("sft.world_qa_sft_ci95"), published=gaia)
+    if (seeds := t.get("sft.seeds.n") or 0) > 1:  # the recipe's spread beside its one reported run
+        t.add("SFT", f"world QA, the SFT stage over {seeds} seeds, greedy: mean ± sd (the row above is seed 0)",
+              f"{fmt(t.get('sft.seeds.world_qa_mean'))} ± {fmt(t.get('sft.seeds.world_qa_sd'))}", qa)
     t.add("SFT", f"world QA, SFT model, {t.get('sft.test_t1_decoding.label')}", t.num("sft.world_qa_sft_t1"), qa)
     t.add("SFT", "world QA, the untrained model", t.num("sft.world_qa_untrained"), qa)
     t.add("SFT", f"{t.get('sft.test_questions') or 'the'} test questions of {suites} suites, SFT model, greedy",
