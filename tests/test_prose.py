@@ -45,3 +45,23 @@ def test_a_hand_typed_figure_is_caught(known):
     typed = ("\nOn this machine `make reproduce` took 52 minutes and SFT scored 0.6173 on 300 questions, 63.1% of them "
              "with transformers 5.17 (section 4).\n")
     assert unsourced((REPO / "README.md").read_text() + typed, known) == ["52 minutes", "0.6173", "63.1%"]
+
+
+def test_what_the_commands_say_states_no_figure_the_records_lack(known):
+    "What `afm run --list` says of each profile and every command's `--help`: no hand-typed figure either."
+    import contextlib
+    import io
+    from afm.cli import COMMANDS, main, providers
+    from afm.core import load_profiles
+    texts = {f"[{name}] description": p.get("description", "")
+             for name, p in load_profiles(REPO / "settings.ini").items()}
+    for cmd in COMMANDS:
+        for target in [None] + [t for t in providers(cmd) if t]:
+            argv, out = [cmd] + ([target] if target else []), io.StringIO()
+            with contextlib.redirect_stdout(out):
+                try: main([*argv, "--help"])
+                except SystemExit: pass
+            texts[f"afm {' '.join(argv)} --help"] = out.getvalue()
+    assert len(texts) > 20 and all(texts.values())
+    typed = {where: found for where, text in texts.items() if (found := unsourced(text, known))}
+    assert typed == {}, typed
