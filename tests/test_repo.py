@@ -143,7 +143,8 @@ def test_tiny_study_is_tiny_with_the_studies():
     assert profiles["tiny-study"]["rl_seeds"] >= 3 > profiles["tiny"]["rl_seeds"]  # the seeds study
     assert profiles["tiny-study"]["sft_seeds"] >= 3 > profiles["tiny"]["sft_seeds"]  # the SFT recipe's spread
     study = ("description", "sft_ablation", "sft_seeds", "rl_seeds", "rl_study_steps", "rl_max_steps",
-             "rl_val_per_suite", "rl_choose", "rl_test_per_suite", "rl_save_steps", "rl_groups_per_step", "rl_test_samples",
+             "rl_val_per_suite", "rl_choose", "rl_test_per_suite", "rl_save_steps", "rl_groups_per_step",
+             "rl_test_samples",
              "sft_val_per_suite", "sft_choose", "sft_floor_per_suite", "results_tts_per_suite", "expected_minutes",
              # the pre-registered RL study's design
              "rl_sft_from", "rl_pool_samples", "rl_decoding_choices", "rl_updates_per_generation", "rl_updates_choices",
