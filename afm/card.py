@@ -278,8 +278,10 @@ PROFILE_NOTES = {  # profile -> the sentences (templates of `afm.prose.render`) 
     "smol": ("After {sft.sft_minutes} minutes of SFT training (code {origin.sft.commit:.7}), world QA "
              "{sft.world_qa_sft_strict} on `test` (chance {sft.world_qa_chance}; the untrained model "
              "{sft.world_qa_untrained}).",
-             "The {rl.steps_per_seed}-step RL smoke test leaves {rl.heldout_questions} test questions at "
-             "{rl.heldout_rl_greedy_mean} greedy (RL − SFT, paired: " + _paired("rl.paired_ci_greedy") + ").",
+             "One RL seed of {rl.steps_per_seed} steps on the world suites it solves sometimes scores "
+             "{rl.heldout_rl_greedy_mean} greedy on {rl.heldout_questions} test questions against the SFT model's "
+             "{rl.heldout_sft_greedy} (RL − SFT, paired: " + _paired("rl.paired_ci_greedy") + "; at "
+             "{rl.test_t1_decoding.label}: " + _paired("rl.paired_ci_t1") + ").",
              "The CoA model spends {results.token_reduction_pct}% fewer tokens than the teacher on the same "
              "{results.tasks} questions."),
 }
