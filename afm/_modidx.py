@@ -373,6 +373,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'afm.evaluate.MissingRecords.__init__': ('evaluate.html#missingrecords.__init__', 'afm/evaluate.py'),
                               'afm.evaluate.RecordsBusy': ('evaluate.html#recordsbusy', 'afm/evaluate.py'),
                               'afm.evaluate._append': ('evaluate.html#_append', 'afm/evaluate.py'),
+                              'afm.evaluate._first': ('evaluate.html#_first', 'afm/evaluate.py'),
                               'afm.evaluate._line': ('evaluate.html#_line', 'afm/evaluate.py'),
                               'afm.evaluate._question_scores': ('evaluate.html#_question_scores', 'afm/evaluate.py'),
                               'afm.evaluate._resume': ('evaluate.html#_resume', 'afm/evaluate.py'),

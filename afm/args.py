@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import types
 import typing
 from typing import Any
 
@@ -91,7 +92,7 @@ def cli_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
 def _add_field(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any) -> None:
     "One option for field `f` of type `hint`."
     kind, inner = typing.get_origin(hint), typing.get_args(hint)
-    if kind in (typing.Union, getattr(__import__("types"), "UnionType", None)):  # `X | None` is an X
+    if kind in (typing.Union, types.UnionType):  # `X | None` is an X
         hint = next(a for a in inner if a is not type(None))
         kind, inner = typing.get_origin(hint), typing.get_args(hint)
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .core import identity_gap, progress_bar, read_json, write_json
 from .engine import Engine
@@ -250,13 +250,16 @@ def best_of_n(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]]
               n: int | None = None) -> list[dict]:
     """Per task, the record among its first `n` samples (all when None) that `verifier(record, samples)` scores highest,
     the lowest sample on a tie. The chosen records' mean reward is the Best-of-N score (`suite_rows` of them)."""
-    out = []
+    return [max(group, key=lambda r: (verifier(r, group), -r["sample"])) for group in _first(records, n, "best_of_n")]
+
+
+def _first(records: Sequence[dict], n: int | None, caller: str) -> Iterator[list[dict]]:
+    "Each task's first `n` samples (all when None), by sample; a task with fewer is a ValueError naming `caller`."
     for group in by_task(records).values():
         group = sorted(group, key=lambda r: r["sample"])[:n]
         if n is not None and len(group) < n:
-            raise ValueError(f"best_of_n: task {group[0]['task_id']!r} has {len(group)} samples, fewer than n={n}")
-        out.append(max(group, key=lambda r: (verifier(r, group), -r["sample"])))
-    return out
+            raise ValueError(f"{caller}: task {group[0]['task_id']!r} has {len(group)} samples, fewer than n={n}")
+        yield group
 
 
 def ties(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], float] = vote,
@@ -265,8 +268,7 @@ def ties(records: Sequence[dict], verifier: Callable[[dict, Sequence[dict]], flo
     answers: where `best_of_n` fell back to the lowest sample."""
     from afm.grading import normalize_answer
     count = 0
-    for group in by_task(records).values():
-        group = sorted(group, key=lambda r: r["sample"])[:n]
+    for group in _first(records, n, "ties"):
         scores = [verifier(r, group) for r in group]
         top = {normalize_answer(r["answer"]) if r["answer"] is not None else None
                for r, v in zip(group, scores) if v == max(scores)}

@@ -211,9 +211,9 @@ def _portable_notebook(path: Path, root: Path) -> None:
 def reports_parameter(reports: Path, nb: Path) -> str:
     """The `reports_dir` a chapter runs with: `reports` relative to the chapter's folder (its working directory) when
     both are in one repository, so a chapter's inputs do not depend on where the clone lives; else absolute."""
-    try: return os.path.relpath(reports.resolve(), nb.parent.resolve()) if repo_root(reports) == repo_root(nb.parent) \
-        else str(reports.resolve())
-    except FileNotFoundError: return str(reports.resolve())
+    try: same = repo_root(reports) == repo_root(nb.parent)
+    except FileNotFoundError: same = False  # the reports outside any clone
+    return os.path.relpath(reports.resolve(), nb.parent.resolve()) if same else str(reports.resolve())
 
 # %% ../nbs/12_reproduce.ipynb #bf2ab483
 @dataclasses.dataclass
