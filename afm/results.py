@@ -22,7 +22,7 @@ from .rollout import LEGACY_DECODINGS, RolloutConfig, decoding, decoding_label, 
 from .tasks import Task
 
 # %% auto #0
-__all__ = ['VERIFIERS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
+__all__ = ['VERIFIERS', 'READINGS', 'TTS_COLUMNS', 'teacher_cost', 'coa_cost', 'cost_summary', 'efficiency_rows', 'scaling_rows',
            'paper_results', 'ours_benchmark_rows', 'paper_table', 'labelled_decodings', 'suites_rows', 'ablation_rows',
            'write_table', 'Study', 'reported_models', 'stand_in_models', 'study_models', 'efficiency_study',
            'efficiency_note', 'tts_config', 'tts_study', 'benchmark_study', 'report_metrics', 'scaling_figures',
@@ -210,19 +210,23 @@ def suites_rows(metrics: Mapping[str, dict]) -> list[dict]:
             rows.append({**base, "arm": "SFT, greedy",
                          "data": f"{sft.get('test_questions', '?')} test questions, six suites (world QA: four)",
                          "world QA": sft["world_qa_sft_strict"],
+                         "95% CI (world QA)": _fmt_ci(sft.get("world_qa_sft_ci95")),
                          "all suites": sft.get("heldout_sft"), "95% CI (all)": _fmt_ci(sft.get("heldout_sft_ci95")),
                          "chance": sft.get("world_qa_chance")})
         if "heldout_rl_greedy_mean" in rl:
             n, seeds = rl.get("heldout_questions", "?"), rl.get("seeds", 1)
             chance = round(sum(rl["chance"].values()) / len(rl["chance"]), 4) if rl.get("chance") else None
+            # the suites RL was scored on (its chance is per suite): all four world QA suites, or the ones it names
+            suites = sorted(rl.get("chance") or ())
+            data = f"{n} test questions, " + ("world QA" if len(suites) in (0, 4) else ", ".join(suites))
             t1 = f"{rl['test_t1_decoding']['label']}, x{rl.get('t1_samples', 1)}"
             for mode, label in (("greedy", "greedy"), ("t1", t1)):
                 d = rl.get(f"paired_ci_{mode}") or {}
-                rows.append({**base, "arm": f"SFT, {label}", "data": f"{n} test questions, world QA",
+                rows.append({**base, "arm": f"SFT, {label}", "data": data,
                              "world QA": rl.get(f"heldout_sft_{mode}"), "chance": chance})
                 rows.append({**base,
                              "arm": f"RL ({seeds} seed{'s' * (seeds > 1)}, {rl.get('steps_per_seed')} steps), {label}",
-                             "data": f"{n} test questions, world QA", "world QA": rl.get(f"heldout_rl_{mode}_mean"),
+                             "data": data, "world QA": rl.get(f"heldout_rl_{mode}_mean"),
                              "RL - SFT (paired)": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")),
                              "chance": chance})
     return rows
@@ -239,7 +243,7 @@ def ablation_rows(metrics: Mapping[str, dict]) -> list[dict]:
             rows.append({"profile": profile, "study": "observation masking (SFT)", "arm A": "masked",
                          "A": sft["heldout_sft"], "arm B": "observations trained", "B": unmasked,
                          "difference": d.get("difference"), "95% CI": _fmt_ci(d.get("ci95")),
-                         "questions": d.get("questions"), "note": "" if unmasked is not None
+                         "questions": d.get("questions"), "note": None if unmasked is not None
                          else "not run in this profile (sft_ablation = false; tiny-study runs it)"})
         # a paired difference is RL's mean less SFT's, so RL's score is SFT's plus it
         for key, d in (rl.get("paired_per_seed") or {}).items():
@@ -266,6 +270,47 @@ def write_table(rows: Sequence[dict], out: Path | str, title: str = "", note: st
         w.writeheader()
         w.writerows({c: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for c, v in r.items()} for r in rows)
     return {"md": str(out.with_suffix(".md")), "csv": str(out.with_suffix(".csv"))}
+
+# %% ../nbs/11_results.ipynb #28727893
+READINGS = {
+    "efficiency": (
+        "**What it shows.** What each system paid for the same test questions under one bill: every call's prompt and "
+        "completion and every tool call, per task and per solved task, beside the success each bought (95% interval "
+        "over questions). Per task says which system calls less; per solved task also moves with success. "
+        "**What it does not.** It is not the paper's comparison: the teacher is this profile's scripted, fallible "
+        "teacher, whose planner knows the gold path and whose agents write short texts, not a multi-agent system of "
+        "LLMs, so its success is not a skill to set against the models' and its seconds are a script's. One run of "
+        "each system, no seeds."),
+    "scaling": (
+        "**What it shows.** How success grows with the number of samples N on the same questions at the sampling "
+        "decoding: pass@k (at least one sample right: an oracle picks), avg@k (a single sample's mean, flat in k: "
+        "a check on the estimator) and Best-of-N by pickers that never see the grade (the vote over answers, the "
+        "model's confidence in its answer, its own double check), each with a 95% interval over questions; `ties` "
+        "counts the questions where a picker had no preference and kept the first sample, `moved` those where it "
+        "kept another. **What it does not.** pass@k needs an oracle no deployment has: the gap to Best-of-N is what "
+        "a better verifier could recover, not what these do. The paper's Best-of-3 has the model judge its "
+        "candidates in a prompt, another method, so only pass@3 stands beside the paper's table. The intervals "
+        "resample questions, not training seeds."),
+    "suites": (
+        "**What it shows.** Each profile's SFT and RL models on the test questions of the generated suites, greedy "
+        "and sampled, strictly graded, with a guessing policy's chance score beside each and the 95% interval over "
+        "questions; an RL row gives its paired difference from the SFT model on the same questions. "
+        "**What it does not.** Rows with different data are different questions (and profiles different models): "
+        "compare within the same data. The generated world is no paper benchmark. A row is one training run unless "
+        "its profile's card gives a spread over seeds."),
+    "ablations": (
+        "**What it shows.** Recipe choices as paired differences on the same test questions: the SFT loss with tool "
+        "observations masked against trained on (same start, same steps), and RL against the SFT model it started "
+        "from, seed by seed, greedy and sampled. **What it does not.** A seed's interval resamples questions only; a "
+        "study's decision resamples seeds too and is in its profile's RL report. A profile that did not run an "
+        "ablation says so in its row rather than leaving it out."),
+    "paper": (
+        "**What it shows.** The paper's published numbers in its layout and, beside them, any row this repository "
+        "measured on the same benchmark, each saying who measured it, on which model, profile, data and grading. "
+        "**What it does not.** An empty cell was not measured here: the CPU profiles answer generated questions, not "
+        "the paper's benchmarks, so a row of ours reproduces a figure of the paper only where it names that "
+        "benchmark and a model of the paper's size."),
+}
 
 # %% ../nbs/11_results.ipynb #d72a2041
 @dataclass
@@ -475,19 +520,21 @@ def write_tables(out: Path | str, metrics: Mapping[str, dict], tts: Sequence[dic
         tts_here = name == "tts"
         rows = paper_table(name, ours + (list(tts) if tts_here else []), paper, TTS_COLUMNS if tts_here else None)
         title = f"{t['title']}: the paper's numbers and ours"
-        tables[f"paper_{name}"] = write_table(rows, out / f"paper_{name}", title, labelled, digits=1)
+        tables[f"paper_{name}"] = write_table(rows, out / f"paper_{name}", title, f"{labelled}\n\n{READINGS['paper']}",
+                                              digits=1)
     tables["efficiency"] = write_table(eff, out / "efficiency", "Efficiency: the teacher MAS against the CoA models",
-                                       eff_note)
+                                       f"{eff_note}\n\n{READINGS['efficiency']}")
     for name, rows in scaling.items():
         tables[f"scaling_{name}"] = write_table(rows, out / f"scaling_{name}", f"Test-time scaling, {name} model",
-                                                tts_note)
+                                                f"{tts_note}\n\n{READINGS['scaling']}")
     tables["suites"] = write_table(suites_rows(metrics), out / "suites",
                                    "The generated suites: SFT and RL, chance beside",
                                    "Test success in [0, 1]; `chance`: a guessing policy with no tools, the mean "
-                                   "over the suites.")
+                                   f"over the suites.\n\n{READINGS['suites']}")
     tables["ablations"] = write_table(ablation_rows(metrics), out / "ablations",
                                       "Ablations: observation masking, RL against SFT by seed",
-                                      "Differences are paired question by question (bootstrap 95% interval).")
+                                      "Differences are paired question by question (bootstrap 95% interval).\n\n"
+                                      + READINGS["ablations"])
     return tables
 
 # %% ../nbs/11_results.ipynb #753ef1d6
