@@ -12,7 +12,7 @@ from conftest import AFM, ENV, REPO
 
 
 
-QUESTIONS, SAMPLES = 50, 4  # 200 pairs: enough work that a second writer starts while the first still writes
+QUESTIONS, SAMPLES = 10, 4  # 40 pairs: the first writer is paused while a second one tries the file, then killed
 
 
 def eval_args(folder, out, *extra):
@@ -37,7 +37,9 @@ def test_killed_run_resumes_to_the_uninterrupted_records(tool_caller_folder, tmp
     lock = killed.with_name("killed.jsonl.lock")  # the first writer's, naming it, once it holds the file
     while time.time() < deadline and proc.poll() is None and not (lock.is_file() and lock.read_text()):
         time.sleep(0.01)
-    second = afm(*eval_args(tool_caller_folder, killed))  # a second writer of the same file, while the first one writes
+    proc.send_signal(signal.SIGSTOP)  # the first writer holds the file, paused: a second one finds it busy
+    second = afm(*eval_args(tool_caller_folder, killed))
+    proc.send_signal(signal.SIGCONT)
     said = second.stderr[-1000:]
     assert second.returncode == 1 and f"is being written by process {proc.pid} on " in second.stderr, said
     assert second.stderr.strip().splitlines()[-1].startswith("afm eval: RecordsBusy: ") and proc.poll() is None
