@@ -159,7 +159,8 @@ def _results_rows(t: _Rows) -> None:
             if f"best_of_3_{v}" not in bo: continue  # not beside the paper's Best-of-3: its model judges candidates
             tied = bo.get(f"best_of_3_{v}_ties")
             t.add("test-time scaling", f"{arm} model: Best-of-3 by {what}" + ("" if tied is None else
-                  f" (a tie kept the first sample on {tied} questions)"), fmt(bo[f"best_of_3_{v}"]), chance,
+                  f" (a tie kept the first sample on {tied} question{'s' * (tied != 1)})"),
+                  fmt(bo[f"best_of_3_{v}"]), chance,
                   bo.get(f"best_of_3_{v}_ci95"))
 
 # %% ../nbs/11c_card.ipynb #ab45b868

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from .args import ArgParser
 from .card import cpu_label, write_reports
 from .core import (CHAPTERS, Chapter, check_keys, data_dir, declared_parameters, default_reports, load_profile,
-                      git_commit, load_profiles, portable, read_json, repo_root, settings_path, write_json)
+                      git_commit, load_profiles, read_json, repo_root, settings_path)
 from .evaluate import TEST_LEDGER
 from .prose import duration
 from .record import (chapter_folder, chapter_modules, file_sha256, library_sha256, machine,
@@ -30,8 +30,8 @@ from .record import (chapter_folder, chapter_modules, file_sha256, library_sha25
 __all__ = ['PROFILE_CONFIGS', 'SHARED_KEYS', 'DRIVER_KEYS', 'INJECTED', 'READS', 'READS_FROM', 'QUIET_KERNEL',
            'pipeline_chapters', 'select_chapters', 'profile_keys', 'check_profile', 'has_data', 'chapter_input',
            'check_inputs', 'expected_time', 'profile_time', 'chapter_parameters', 'notebook_defaults', 'run_chapter',
-           'reports_parameter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run', 'browse_page',
-           'cli_run']
+           'portable_files', 'reports_parameter', 'Step', 'finished', 'plan_run', 'chapter_seconds', 'Ticker', 'run',
+           'browse_page', 'cli_run']
 
 # %% ../nbs/12_reproduce.ipynb #bc76250e
 def pipeline_chapters(nbs: Path | str, table: Sequence[Chapter] = CHAPTERS) -> list[tuple[Chapter, Path]]:
@@ -192,20 +192,30 @@ def run_chapter(nb: Path | str, key: str, params: dict[str, Any], reports: Path 
         for k, v in saved.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
-        if out.is_file(): _portable_notebook(out, root)
+        written = [p for p in (reports / key).rglob("*") if p.suffix in (".json", ".jsonl", ".md")]
+        portable_files([out, *written, *([Path(env[TEST_LEDGER])] if env.get(TEST_LEDGER) else [])], root)
     try: figures = read_json(fig_path)
     except ValueError as e: raise RuntimeError(f"chapter {nb.name} wrote a damaged figures file: {e}") from None
     if figures is None: raise RuntimeError(f"chapter {nb.name} finished but wrote no {fig_path}; its last cell must "
                                            "write its figures there")
-    if (kept := portable(figures, root)) != figures: write_json(fig_path, kept)
-    return kept
+    return figures
 
 
-def _portable_notebook(path: Path, root: Path) -> None:
-    """The executed notebook `path` with the clone's folder `root` left out of every path in it (papermill's record
-    of where it ran, outputs that print a file of the clone): paths relative to the clone."""
-    text = path.read_text(encoding="utf-8")
-    if (kept := text.replace(f"{root}/", "")) != text: path.write_text(kept, encoding="utf-8")
+def portable_files(paths: Sequence[Path], root: Path) -> list[Path]:
+    """Each text file of `paths` (those that exist) with the clone's folder `root` left out of every path in it
+    (relative to the clone) and the user's home folder written `~`: what a run commits (the executed notebook, the
+    files a chapter writes beside its figures, the test ledger) names neither the folder the clone lived in nor the
+    user's. Returns the files it changed."""
+    home, changed = str(Path.home()), []
+    for path in (Path(p) for p in paths):
+        if not path.is_file(): continue
+        text = path.read_text(encoding="utf-8")
+        kept = text.replace(f"{root}/", "")
+        if home.strip("/"): kept = kept.replace(f"{home}/", "~/")
+        if kept != text:
+            path.write_text(kept, encoding="utf-8")
+            changed.append(path)
+    return changed
 
 
 def reports_parameter(reports: Path, nb: Path) -> str:

@@ -309,3 +309,13 @@ def test_no_committed_record_names_the_folder_a_clone_lived_in():
     hits = [(f, m.group(0)) for f in files if (REPO / f).suffix in (".json", ".jsonl", ".md", ".ipynb", ".html")
             for m in clone_path.finditer((REPO / f).read_text(encoding="utf-8", errors="replace"))]
     assert hits == [], hits[:10]
+
+
+def test_every_committed_chapter_keeps_the_figures_it_resumes_from():
+    """A chapter's committed `run.json` comes with its `figures.json`: a fresh clone resumes a finished chapter from
+    the two together, and one without its figures would run again (with every chapter after it)."""
+    import subprocess
+    files = set(subprocess.run(["git", "-C", str(REPO), "ls-files", "reports"], capture_output=True, text=True,
+                               check=True).stdout.split())
+    missing = sorted(f for f in files if f.endswith("/run.json") and f.replace("run.json", "figures.json") not in files)
+    assert missing == [], f"committed without their figures.json: {missing}"
