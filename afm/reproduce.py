@@ -367,7 +367,8 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
             record["failed"][key] = str(e).splitlines()[0]
             continue
         record["seconds"][key] = round(time.perf_counter() - t0, 1)
-        ran = {"commit": commit, "seconds": record["seconds"][key], "finished": record["date"]}
+        ran = {"commit": commit, "seconds": record["seconds"][key],
+               "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         chapter_folder(reports / key).finish(ran, step.identity)
     # read now: another run may have written since (damage was said at the start)
     old = previous_record(metrics_path, profile, say=False)
