@@ -264,15 +264,17 @@ PROFILE_NOTES = {  # profile -> the sentences (templates of `afm.prose.render`) 
              "The machine's one thread multiplies float32 matrices at {sft_bench.matmul_peak_gflops} GFLOP/s and "
              "bfloat16 ones at {sft_bench.matmul_peak_bf16_gflops} GFLOP/s (`reports/sft_bench/`); on a CPU without "
              "AVX-512 and AMX the SFT stage is many times slower."),
-    "tiny-study": ("Its SFT recipe trained with {sft.seeds.n} seeds from the same start scores {sft.seeds.world_qa_mean} ± "
-                   "{sft.seeds.world_qa_sd} (mean ± sd over the seeds) on world QA's `test` questions, greedy; seed 0 ({sft.world_qa_sft_strict}) is "
-                   "the model its masking ablation compares.",
+    "tiny-study": ("Its SFT recipe trained with {sft.seeds.n} seeds from the same start scores "
+                   "{sft.seeds.world_qa_mean} ± {sft.seeds.world_qa_sd} (mean ± sd over the seeds) on world "
+                   "QA's `test` questions, greedy; seed 0 ({sft.world_qa_sft_strict}) is the model its masking "
+                   "ablation compares.",
                    "Its masking ablation: world QA {sft.world_qa_sft_strict} with observations masked against "
                    "{sft.world_qa_sft_unmasked} with them trained, paired over the same "
                    "{sft.world_qa_paired_masked_unmasked.questions} test questions "
                    + _paired("sft.world_qa_paired_masked_unmasked") + ".",
                    "Its RL seeds study ({rl.seeds} seeds of {rl.steps_per_seed} steps, code "
-                   "{origin.rl.commit:.7}, from the SFT model then at `{rl.start_model}`): on {rl.heldout_questions} test questions SFT scores "
+                   "{origin.rl.commit:.7}, from the SFT model then at `{rl.start_model}`): on {rl.heldout_questions} "
+                   "test questions SFT scores "
                    "{rl.heldout_sft_greedy} greedy and RL {rl.heldout_rl_greedy_mean} ± {rl.heldout_rl_greedy_std} "
                    "over the seeds; paired over the same questions, seeds and questions resampled, RL − SFT is "
                    + _paired("rl.paired_ci_greedy_seeds") + " greedy and " + _paired("rl.paired_ci_t1_seeds")
