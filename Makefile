@@ -18,7 +18,7 @@ QUIET := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 help:
 	@echo "make install     create $(VENV) and install afm with its pins (CPU torch 2.13.0), bubblewrap and chromium"
-	@echo "make test        ruff, nbdev sync check, nbdev-test and pytest (what CI runs)"
+	@echo "make test        ruff, nbdev sync check, nbdev-test and pytest (what CI runs), in caches of its own emptied first"
 	@echo "make reproduce   run the pipeline headless for PROFILE=$(PROFILE) and write reports/ (and README's results table);"
 	@echo "                 prints the expected time first, records the wall time, install included, in reports/metrics.json"
 	@echo "make docs        build the docs site into _docs/html: chapters, results, API reference (no notebook is run)"
@@ -56,11 +56,17 @@ chromium:
 sync: install
 	$(PY) tests/nbdev_sync.py
 
+# the tests' own caches, emptied first: what `make test` builds (search indexes, the fitted test models) is this code's,
+# as on a fresh machine, and nothing a user's ~/.cache holds is read
+TEST_CACHE ?= $(CURDIR)/.test-cache
+FRESH := OMP_NUM_THREADS=1 AFM_CACHE=$(TEST_CACHE)/afm XDG_CACHE_HOME=$(TEST_CACHE) HF_HOME=$(TEST_CACHE)/huggingface \
+	MPLCONFIGDIR=$(TEST_CACHE)/matplotlib
 test: install
+	rm -rf $(TEST_CACHE) && mkdir -p $(TEST_CACHE)
 	$(VENV)/bin/ruff check afm tests nbs docs
-	OMP_NUM_THREADS=1 $(PY) tests/nbdev_sync.py
-	OMP_NUM_THREADS=1 $(VENV)/bin/nbdev-test --n-workers 2 --timing
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
+	$(FRESH) $(PY) tests/nbdev_sync.py
+	$(FRESH) $(VENV)/bin/nbdev-test --n-workers 2 --timing
+	$(FRESH) $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 # the whole run is timed from when make started, install included: metrics.json's reproduce_seconds and install_seconds
 reproduce: install
@@ -78,4 +84,4 @@ export: install
 	$(VENV)/bin/nbdev-export && $(VENV)/bin/nbdev-clean
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis reports/notebooks _docs
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis reports/notebooks _docs $(TEST_CACHE)

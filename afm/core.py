@@ -117,8 +117,10 @@ def chapter(name: str) -> Chapter:
 
 # %% ../nbs/00a_core.ipynb #de162c69
 def cache_dir(*parts: str) -> Path:
-    "Where afm keeps what it builds: `$AFM_CACHE` (default `~/.cache/afm`), joined with `parts`."
-    return Path(os.environ.get("AFM_CACHE") or Path.home() / ".cache" / "afm").joinpath(*parts)
+    """Where afm keeps what it builds: `$AFM_CACHE`, else `afm` in the user's cache folder (`$XDG_CACHE_HOME`, default
+    `~/.cache`), joined with `parts`."""
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("AFM_CACHE") or user / "afm").joinpath(*parts)
 
 # %% ../nbs/00a_core.ipynb #c1bd51bc
 def code_digest(*modules: str) -> str:

@@ -6,7 +6,6 @@ trajectories so that it calls a tool, and cached by what went into the fit."""
 # %% ../nbs/07b_fit.ipynb #7ef28ee2
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 from .coa import Trajectory, stop_strings
@@ -18,8 +17,8 @@ from .tasks import Task
 from .tools import Toolbox
 
 # %% auto #0
-__all__ = ['TINY_SYSTEM', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_examples', 'calls_tools', 'fit_identity',
-           'tool_caller_folder', 'tool_calling_tiny']
+__all__ = ['TINY_SYSTEM', 'FIT', 'fit_rows', 'fit_briefly', 'fit_ids', 'one_search_examples', 'calls_tools', 'fit_identity',
+           'tool_caller_start', 'tool_calling_tiny']
 
 # %% ../nbs/07b_fit.ipynb #19988aa9
 # the short system prompt of `tool_calling_tiny`; its episodes are prompted with it too
@@ -90,54 +89,77 @@ def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tup
     return examples
 
 # %% ../nbs/07b_fit.ipynb #cc68b800
-def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TINY_SYSTEM,
-                max_tokens: int = 64) -> float:
-    "The share of `tasks` whose first greedy turn is a tool call (`<tool>…</tool>`, cut at the closing tag)."
-    from afm.coa import TAGS
+def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TINY_SYSTEM, max_tokens: int = 64,
+                temperature: float = 0.0, samples: int = 1) -> float:
+    """The share of first turns on `tasks` (greedy, or `samples` a task sampled at `temperature`) that are one
+    well-formed tool call: the turn parses with nothing wrong but the answer still to come, and ends at a tool's
+    closing tag."""
+    from afm.coa import TAGS, parse
     from afm.engine import Request, SamplingParams, TransformersEngine
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, stop=tuple(stop_strings()))
     prompts = [chat_prompt_ids(tokenizer,
                                [{"role": "system", "content": system_prompt(t.kind) if system is None else system},
                                 {"role": "user", "content": t.question}]) for t in tasks]
-    gens = TransformersEngine(model, tokenizer, max_batch=16).generate([Request(p, params) for p in prompts])
+    requests = [Request(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=s,
+                                          stop=tuple(stop_strings())))
+                for p in prompts for s in range(samples)]
+    gens = TransformersEngine(model, tokenizer, max_batch=16).generate(requests)
     def called(text: str) -> bool:
         text = text.rstrip()
-        return any(text.endswith(t.close) and t.open in text for t in TAGS if t.kind == "tool")
-    return sum(called(decode(tokenizer, g.ids)) for g in gens) / max(1, len(tasks))
+        return (any(text.endswith(t.close) for t in TAGS if t.kind == "tool")
+                and all(p == "no <answer>" for p in parse(text).problems))
+    return sum(called(decode(tokenizer, g.ids)) for g in gens) / max(1, len(requests))
 
 # %% ../nbs/07b_fit.ipynb #9a951d5b
-def fit_identity(examples: Sequence[tuple[Task, Trajectory]], threads: int | None = None, **settings) -> dict:
-    """What makes a brief fit's weights: the examples, `settings`, the torch, transformers and tokenizers versions,
-    torch's thread count."""
-    import tokenizers, torch, transformers
-    return {"examples": [[t.id, t.question, tr.to_dict()] for t, tr in examples], "settings": settings,
+def fit_identity(rows: Sequence[tuple[list[int], list[int]]], start: dict, threads: int | None = None,
+                 **settings) -> dict:
+    """What makes a brief fit's weights: the token rows it trains on (a sha256 of them), the model it starts from
+    (`start`: its configuration and seed), `settings`, the torch, transformers and tokenizers versions, torch's thread
+    count."""
+    import hashlib, json, tokenizers, torch, transformers
+    return {"rows": hashlib.sha256(json.dumps(rows).encode()).hexdigest(), "start": start, "settings": settings,
             "versions": [torch.__version__, transformers.__version__, tokenizers.__version__],
             "threads": torch.get_num_threads() if threads is None else threads}
 
 # %% ../nbs/07b_fit.ipynb #dd78e1d6
-def tool_caller_folder(examples: Sequence[tuple[Task, Trajectory]], steps: int = 200, seed: int = 0) -> Path:
-    "Where `tool_calling_tiny` caches the model fitted on `examples` (under `afm.core.cache_dir`)."
+FIT = {"steps": 200, "lr": 5e-3, "batch": 2, "rounds": 8, "min_rate": 0.75, "min_sampled": 0.95,
+       "probe_temperature": 1.2, "probe_samples": 4}  # `tool_calling_tiny`'s settings: what its checks ask of a fit
+
+
+def tool_caller_start(tasks: int = 40, seed: int = 0, box: Toolbox | None = None, **settings):
+    """What `tool_calling_tiny` fits, and where its result is cached: `(model, tokenizer, rows, examples, folder)`,
+    the untrained `tiny` of `seed`, its token rows (`fit_rows` of `one_search_examples(tasks, box)`), and the folder
+    under `afm.core.cache_dir` named by the fit's identity (`FIT` with `settings` over it)."""
     from afm.core import cache_dir
-    fit = fit_identity(examples, steps=steps, seed=seed, lr=5e-3, batch=2, system=TINY_SYSTEM)
-    return cache_dir("models", f"tiny-tool-caller-{identity_digest(fit)}")
+    from afm.models import tiny_chat_model
+    examples, (model, tok) = one_search_examples(tasks, box), tiny_chat_model(seed)
+    rows = fit_rows(tok, examples, system=TINY_SYSTEM)
+    fit = fit_identity(rows, {"config": model.config.to_dict(), "seed": seed}, **{**FIT, **settings})
+    return model, tok, rows, examples, cache_dir("models", f"tiny-tool-caller-{identity_digest(fit)}")
 
 # %% ../nbs/07b_fit.ipynb #cdfb549a
-def tool_calling_tiny(steps: int = 200, tasks: int = 40, seed: int = 0, box: Toolbox | None = None,
-                      min_rate: float = 0.75):
-    """`(model, tokenizer)`: the small test `tiny` fitted on `one_search_examples(tasks, box)` until it calls a tool on
-    `min_rate` of its training questions (at most 3 rounds of `steps`); cached in `tool_caller_folder`."""
-    from afm.models import load, save_model, tiny_chat_model
-    examples = one_search_examples(tasks, box)
-    path, probe = tool_caller_folder(examples, steps, seed), [t for t, _ in examples[:8]]
+def tool_calling_tiny(tasks: int = 40, seed: int = 0, box: Toolbox | None = None, **settings):
+    """`(model, tokenizer)`: the small test `tiny` fitted on `one_search_examples(tasks, box)` a round of `steps` at a
+    time until its greedy first turns call a tool on `min_rate` of its training questions and its first turns sampled
+    at `probe_temperature` are well-formed `min_sampled` of the time (`FIT`, `settings` over it); cached in the folder
+    `tool_caller_start` names."""
+    from afm.models import load, save_model
+    s = {**FIT, **settings}
+    model, tok, rows, examples, path = tool_caller_start(tasks, seed, box, **settings)
+    greedy, hot = [t for t, _ in examples[:8]], [t for t, _ in examples[:16]]
+    rates = lambda m, t: (calls_tools(m, t, greedy),
+                          calls_tools(m, t, hot, temperature=s["probe_temperature"], samples=s["probe_samples"]))
+    ok = lambda r: r[0] >= s["min_rate"] and r[1] >= s["min_sampled"]
     if (path / "config.json").is_file():
-        model, tok = load(str(path))
-        if calls_tools(model, tok, probe) >= min_rate: return model, tok
-    model, tok = tiny_chat_model(seed)
-    for round_ in range(3):
-        fit_briefly(model, tok, examples, steps=steps, lr=5e-3, batch=2, seed=seed + round_, system=TINY_SYSTEM)
-        if (rate := calls_tools(model, tok, probe)) >= min_rate: break
-    else: raise RuntimeError(f"the tool-calling tiny model calls a tool on {rate:.0%} of its training questions after "
-                             f"3 rounds of {steps} steps (wanted {min_rate:.0%}); fit longer (steps) or on "
-                             "more examples (tasks)")
-    fitted = {"steps": steps, "rounds": round_ + 1, "tasks": tasks, "seed": seed, "calls_tools": rate}
+        cached, cached_tok = load(str(path))
+        if ok(rates(cached, cached_tok)): return cached, cached_tok
+    for round_ in range(s["rounds"]):
+        fit_ids(model, tok, rows, steps=s["steps"], lr=s["lr"], batch=s["batch"], seed=seed + round_)
+        if ok(got := rates(model, tok)): break
+    else: raise RuntimeError(
+        f"the tool-calling tiny model's greedy first turns call a tool on {got[0]:.0%} of its training questions "
+        f"(wanted {s['min_rate']:.0%}) and its first turns sampled at {s['probe_temperature']} are well-formed "
+        f"{got[1]:.0%} of the time (wanted {s['min_sampled']:.0%}) after {s['rounds']} rounds of {s['steps']} steps; "
+        "fit longer (steps, rounds) or on more examples (tasks)")
+    fitted = {**s, "rounds_taken": round_ + 1, "tasks": tasks, "seed": seed, "calls_tools": got[0],
+              "well_formed_sampled": got[1]}
     return load(str(save_model(model, tok, path, {"fitted": fitted})))

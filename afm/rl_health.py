@@ -13,7 +13,7 @@ from typing import Collection, Sequence
 
 # %% auto #0
 __all__ = ['HEALTH', 'GUARDS', 'health_sums', 'log_health', 'read_health', 'keep_health', 'GuardStop', 'guard_trip',
-           'health_callback', 'plot_health']
+           'guard_margins', 'margin_line', 'health_callback', 'plot_health']
 
 # %% ../nbs/10_rl_health.ipynb #d2f700d4
 def health_sums(rows: Sequence[dict], cut_ends: Collection[str] = ()) -> dict[str, tuple[float, float]]:
@@ -93,6 +93,24 @@ def guard_trip(logs: dict, step: int, thresholds: dict[str, float]) -> dict | No
                     "message": f"guard: {name} = {v:.4g} passed rl_{key} = {thresholds[key]:g} at step {step}; "
                                f"checkpoint saved, run stopped"}
     return None
+
+# %% ../nbs/10_rl_health.ipynb #7870528c
+def guard_margins(rows: Sequence[dict], thresholds) -> dict[str, dict]:
+    """Each figure of `GUARDS` over a run's health rows `rows`: its worst value, its threshold (`thresholds`: by
+    setting, or the run's `RLArgs`) and the margin between them, what a test prints to show how far a run kept from
+    being stopped."""
+    out = {}
+    for name, key in GUARDS.items():
+        limit = thresholds[key] if isinstance(thresholds, dict) else getattr(thresholds, key)
+        if seen := [r[name] for r in rows if r.get(name) is not None]:
+            out[name] = {"worst": max(seen), "threshold": limit, "margin": limit - max(seen)}
+    return out
+
+
+def margin_line(margins: dict[str, dict], name: str = "episodes/format_failure_rate") -> str:
+    "One figure of `guard_margins` in words: `format_failure_rate at most 0.42 against the guard's 0.95`."
+    m = margins[name]
+    return f"{name.split('/')[-1]} at most {m['worst']:.3g} against the guard's {m['threshold']:g}"
 
 # %% ../nbs/10_rl_health.ipynb #1d17a560
 def health_callback(out: Path, thresholds: dict[str, float]):

@@ -36,3 +36,8 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, tool_caller_folder):
     # one device, one dtype: the same episodes
     assert fp32_vs_cpu["questions"] == 4 and fp32_vs_cpu["same_grade"] == 1.0
     assert summary["sft"]["steps"] == 2 and summary["rl"]["steps"] == 1
+    from afm.rl import RLArgs
+    from afm.rl_health import guard_margins, margin_line, read_health
+    margins = guard_margins(read_health(out / "rl"), RLArgs())
+    print(margin_line(margins))
+    assert margins["episodes/format_failure_rate"]["margin"] >= 0.25  # the test model keeps well clear of the guard

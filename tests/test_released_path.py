@@ -235,10 +235,13 @@ def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_pa
                                                                                for r in recs)
     searched = [r for r in recs if r["tool_calls"]]
     assert searched, "no episode searched: the fitted model did not speak the protocol"
-    steps = searched[0]["trajectory"]["steps"]
-    call = next(s for s in steps if s["role"] == "search")
-    assert call["observation"].startswith("Doc 1(Title: ")  # the retriever's passages, as Search-R1 formats them
+    # every search gets the retriever's passages as Search-R1 formats them, or its word for none (a query the fitted
+    # model garbled finds nothing); some find passages
+    seen = [s["observation"] for r in searched for s in r["trajectory"]["steps"] if s["role"] == "search"]
+    assert all(o.startswith("Doc 1(Title: ") or o == "No documents found." for o in seen), seen
+    assert any(o.startswith("Doc 1(Title: ") for o in seen), seen
     later = [decode(tok, b["prompt"]) for b in completions if b["prompt"] not in asked]  # the turns after a search
     # (the tiny tokenizer puts a space before a run of text; a released checkpoint's tokenizer does not)
-    assert later and all(re.search(r"</search> ?\n\n<information>Doc 1\(Title: ", p)
-                         and p.endswith("</information>\n\n") for p in later)
+    block = r"</search> ?\n\n<information>(Doc 1\(Title: |No documents found\.</information>)"
+    assert later and all(re.search(block, p) and p.endswith("</information>\n\n") for p in later), later
+    assert any("<information>Doc 1(Title: " in p for p in later)

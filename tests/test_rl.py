@@ -57,8 +57,8 @@ def _weights(folder):
 
 
 def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, capsys):
-    from afm.rl import cli_rl
-    from afm.rl_health import read_health
+    from afm.rl import RLArgs, cli_rl
+    from afm.rl_health import guard_margins, margin_line, read_health
     steps = ["--max_steps", "4"]
     assert cli_rl(_cmd(setup, setup / "whole", *steps)[2:]) == 0  # the same settings, uninterrupted, in this process
     out = setup / "killed"
@@ -73,6 +73,9 @@ def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, caps
     done = json.loads((out / "rl.json").read_text())
     assert done["resumed_from"] == "checkpoint-2" and done["steps"] == 4
     a, b = read_health(out), read_health(setup / "whole")
+    margins = guard_margins(b, RLArgs())
+    print(margin_line(margins))
+    assert margins["episodes/format_failure_rate"]["margin"] >= 0.25  # the test model keeps well clear of the guard
     assert [r["step"] for r in a] == [1, 2, 3, 4] == [r["step"] for r in b]  # every step logged once
     # the resumed steps sampled the same episodes
     for k in ("reward", "episodes/sampled_tokens", "episodes/tool_calls"):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from afm.engine import TransformersEngine
-from afm.fit import TINY_SYSTEM, one_search_examples, tool_caller_folder, tool_calling_tiny
+from afm.fit import TINY_SYSTEM, one_search_examples, tool_caller_start, tool_calling_tiny
 from afm.rollout import RolloutConfig, rollout
 from afm.tasks import load_benchmark
 from afm.tools import TOOLS, Tool, Toolbox
@@ -97,9 +97,8 @@ def test_a_session_that_raises_fails_only_its_call(setup):
 def test_a_request_the_engine_cannot_serve_ends_only_its_episode(setup):
     model, tok, _, cfg, tasks = setup
     from afm.models import load
-    from afm.fit import tool_caller_folder
     # its own tokenizer: one word more than the model knows
-    mine = load(str(tool_caller_folder(one_search_examples())))[1]
+    mine = load(str(tool_caller_start()[-1]))[1]
     mine.add_tokens(["qqzxv"])
     assert mine.convert_tokens_to_ids("qqzxv") >= model.config.vocab_size
     odd = dataclasses.replace(tasks[0], id="demo/odd", question=tasks[0].question + " qqzxv")
@@ -126,7 +125,7 @@ def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
     from afm.fit import calls_tools
     from afm.models import provenance, save_model, tiny_chat_model
     examples = one_search_examples()
-    folder = tool_caller_folder(examples, steps=200, seed=3)
+    folder = tool_caller_start(seed=3)[-1]
     # what another machine's fit could leave: no tool calls
     save_model(*tiny_chat_model(3), folder, {"fitted": "not at all"})
     model, tok = tool_calling_tiny(seed=3)
