@@ -127,9 +127,14 @@ def save_model(model, tokenizer, path: Path | str, provenance: dict | None = Non
     as `provenance.json` and `card` (`model_card`) as `README.md`. `state_dict`: the full weights when the model itself
     holds only a shard of them (DeepSpeed ZeRO-3, FSDP: `Accelerator.get_state_dict` gathers them)."""
     path = Path(path)
+    from transformers.utils import logging as hf_logging
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a save takes a moment: its bar would only clutter a log or a one-line error
+    try: model.save_pretrained(tmp, state_dict=state_dict)
+    finally:
+        if bars: hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(tmp)
     if provenance is not None: (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2))
     if card is not None: (tmp / CARD).write_text(card, encoding="utf-8")
