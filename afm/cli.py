@@ -11,7 +11,7 @@ import os
 import sys
 from importlib import metadata
 
-from .core import CHAPTERS, Chapter
+from .core.chapters import CHAPTERS, Chapter
 
 # %% auto #0
 __all__ = ['COMMANDS', 'providers', 'resolve', 'main']
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     if not ch.exists():
-        print(f"afm {a.command}: its chapter nbs/{ch.notebook}.ipynb (afm.{ch.module}) does not exist yet",
+        print(f"afm {a.command}: its chapter nbs/{ch.path}.ipynb (afm.{ch.module}) does not exist yet",
               file=sys.stderr)
         return 2
     fn = getattr(importlib.import_module(f"afm.{ch.module}"), f"cli_{a.command}", None)

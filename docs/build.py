@@ -35,16 +35,16 @@ NO_OUTPUTS = ("*This page shows the chapter's source without outputs: no execute
               "`reports/notebooks/`. `make reproduce` (or `afm run --chapters {stem}`) runs it and keeps one there; "
               "`make docs` then shows its outputs.*")
 NOT_RUN = ("*This chapter is a library chapter, not a step of the pipeline: `afm run` does not execute it, so the page "
-           "shows its source. Its checks run with `nbdev-test nbs/{stem}.ipynb` (`make test` runs them all); open "
+           "shows its source. Its checks run with `nbdev-test nbs/{path}.ipynb` (`make test` runs them all); open "
            "it in JupyterLab (`make lab`) to see its outputs.*")
-HISTORY = re.compile(r"\]\((?:\.\./)?reports/([\w-]+)/HISTORY\.md(#[^)\s]*)?\)")  # a link to a run history
+HISTORY = re.compile(r"\]\((?:\.\./)*reports/([\w-]+)/HISTORY\.md(#[^)\s]*)?\)")  # a link to a run history
 SAVED = re.compile(r"""savefig\([^\n]*?["']([\w.{}\-]+\.png)["']""")  # the figure file a cell saves
 
 
-def chapter_source(stem: str, reports: Path) -> tuple[Path, bool]:
-    "The notebook a chapter's page is built from, and whether it is the executed one."
+def chapter_source(stem: str, path: str, reports: Path) -> tuple[Path, bool]:
+    "The notebook a chapter's page is built from (`path`: where it is under `nbs/`), and if it is the executed one."
     executed = reports / "notebooks" / f"{stem}.ipynb"
-    return (executed, True) if executed.exists() else (REPO / "nbs" / f"{stem}.ipynb", False)
+    return (executed, True) if executed.exists() else (REPO / "nbs" / f"{path}.ipynb", False)
 
 
 def directives(source: str) -> list[str]:
@@ -62,11 +62,11 @@ def default_exp(nb) -> str | None:
 
 
 BROWSE = Path("browse") / "index.html"  # where `afm browse` writes its page by default, under reports/
-LINK = re.compile(r"\]\((index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")
+LINK = re.compile(r"\]\((?:\.\./)?(?:\w+/)?(index|\d\d[a-z]?_\w+)\.ipynb(#[^)\s]*)?\)")  # a wing's folder, or none
 
 
 def html_links(text: str, stem: str) -> str:
-    """Links between notebooks (`[x](09a_sft_data.ipynb#rows)`) as links between the site's pages; links to a run
+    """Links between notebooks (`[x](09a_data.ipynb#rows)`) as links between the site's pages; links to a run
     history (`reports/rl/HISTORY.md`) as links to its page."""
     up = "../" if stem != "index" else ""
     def page(m):
@@ -76,10 +76,7 @@ def html_links(text: str, stem: str) -> str:
     return LINK.sub(page, text)
 
 
-def chapter_keys() -> dict[str, tuple[str, bool]]:
-    "Each chapter's notebook stem -> (the folder of `reports/` its figures go to, whether the pipeline runs it)."
-    from afm.core import CHAPTERS
-    return {c.notebook: (c.key, c.pipeline) for c in CHAPTERS}
+
 
 
 def saved_figures(source: str, folder: Path) -> list[Path]:
@@ -96,10 +93,11 @@ def _no_rule(output) -> None:
     if isinstance(md, str): output["data"]["text/markdown"] = re.sub(r"\A\s*---+\s*\n", "", md)
 
 
-def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path | None = None, pipeline: bool = True):
+def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path | None = None, pipeline: bool = True,
+          path: str = "", module: str | None = None):
     """A notebook as myst-nb renders it: hidden cells dropped, directives stripped, each saved figure shown under the
     cell that saved it (from `figures`, copied into `src`), the API reference appended."""
-    module, cells = default_exp(nb), []
+    module, cells = module or default_exp(nb), []
     for cell in nb.cells:
         shown = []
         if cell.cell_type == "code":
@@ -124,7 +122,7 @@ def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path 
                                                                   for f in shown)))
     if not executed and stem != "index" and cells and cells[0].cell_type == "markdown":  # the home page is not run
         advice = NO_OUTPUTS if pipeline else NOT_RUN
-        cells.insert(1, nbformat.v4.new_markdown_cell(advice.format(stem=stem)))
+        cells.insert(1, nbformat.v4.new_markdown_cell(advice.format(stem=stem, path=path)))
     if module:
         # autodoc writes reST
         cells.append(nbformat.v4.new_markdown_cell(
@@ -136,25 +134,25 @@ def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path 
 
 
 def write_chapters(src: Path, reports: Path) -> list[str]:
-    "Write every chapter (and the home page) into `src`; returns the chapters' stems in order."
-    stems, keys = [], chapter_keys()
-    for path in sorted((REPO / "nbs").glob("*.ipynb")):
-        stem = path.stem
-        origin, executed = chapter_source(stem, reports)
-        key, pipeline = keys.get(stem, (None, False))
-        nb = adapt(nbformat.read(origin, as_version=4), executed, stem, reports / key if key else None, src, pipeline)
-        if stem == "index":
-            nb.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: "
-                                                          "1\n\nresults\nchapters\nhistories\n```"))
-            nbformat.write(nb, src / "index.ipynb")
-        else:
-            (src / "chapters").mkdir(exist_ok=True)
-            nbformat.write(nb, src / "chapters" / f"{stem}.ipynb")
-            stems.append(stem)
-    toc = "\n".join(f"chapters/{s}" for s in stems)
-    (src / "chapters.md").write_text(f"# Chapters\n\nThe notebooks, in the order data flows through them.\n\n"
-                                     f"```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
-    return stems
+    """Write every chapter (and the home page) into `src`, and the chapters' page: the wings in the order data flows,
+    each with what it does and its chapters; returns the chapters' stems in order."""
+    from afm.core.chapters import CHAPTERS, WINGS
+    home = adapt(nbformat.read(REPO / "nbs" / "index.ipynb", as_version=4), False, "index")
+    home.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: 1\n\nresults\nchapters\n"
+                                                    "histories\n```"))
+    nbformat.write(home, src / "index.ipynb")
+    (src / "chapters").mkdir(exist_ok=True)
+    for c in CHAPTERS:
+        origin, executed = chapter_source(c.notebook, c.path, reports)
+        nb = adapt(nbformat.read(origin, as_version=4), executed, c.notebook,
+                   reports / c.key, src, c.pipeline, c.path, f"afm.{c.module}")
+        nbformat.write(nb, src / "chapters" / f"{c.notebook}.ipynb")
+    parts = ["# Chapters\n\nThe notebooks, in the order data flows through them, in the wings of the pipeline.\n"]
+    for wing, does in [*WINGS.items(), ("", "The `afm` command.")]:
+        toc = "\n".join(f"chapters/{c.notebook}" for c in CHAPTERS if c.wing == wing)
+        parts.append(f"## `{wing or 'afm.cli'}`\n\n{does}\n\n```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
+    (src / "chapters.md").write_text("\n".join(parts))
+    return [c.notebook for c in CHAPTERS]
 
 
 def figure_md(fig: Path, reports: Path, src: Path, up: str = "") -> str:

@@ -1,4 +1,6 @@
-"""The nbdev contract: `afm/` is exactly what `nbdev-export` makes of `nbs/`, and every notebook is clean.
+"""The nbdev contract: `afm/` is exactly what `nbdev-export` makes of `nbs/` (every module, each wing's `__init__` and
+the
+chapters' manifest `afm/chapters.json`), and every notebook is clean.
 
 Works on a copy of the repository, so it never touches the working tree. Run as a script (exit 1 and the differing files
 on failure) or call `problems(repo)` from a test.
@@ -36,12 +38,13 @@ def problems(repo: Path = REPO) -> list[str]:
         shutil.copy(repo / "pyproject.toml", work)
         shutil.copytree(repo / "nbs", work / "nbs", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
         shutil.copytree(repo / "afm", work / "afm", ignore=shutil.ignore_patterns("__pycache__"))
-        for f in (work / "afm").glob("*.py"): f.unlink()  # export from scratch
+        for f in [*(work / "afm").rglob("*.py"), work / "afm" / "chapters.json"]:  # export from scratch
+            f.unlink(missing_ok=True)
         for cmd in ("nbdev-export", "nbdev-clean"):
             r = subprocess.run([_bin(cmd)], cwd=work, capture_output=True, text=True)
             if r.returncode: return [f"{cmd} failed: {r.stderr.strip()[-2000:]}"]
         out = [f"afm/{p}: differs from a fresh nbdev-export (run nbdev-export and commit)"
-               for p in _diff(repo / "afm", work / "afm", "*.py")]
+               for pattern in ("*.py", "chapters.json") for p in _diff(repo / "afm", work / "afm", pattern)]
         out += [f"nbs/{p}: not clean (run nbdev-clean and commit)"
                 for p in _diff(repo / "nbs", work / "nbs", "*.ipynb")]
         return out

@@ -29,8 +29,8 @@ LONE = "half a pair: \ud83d, then text"  # a lone surrogate: JSON carries it (as
 
 def _episode(traj, cut=None):
     "An episode that wrote `traj`: whole, or its rendered text cut at `cut` characters (a format failure)."
-    from afm.coa import parse, render
-    from afm.rollout import Episode
+    from afm.format.coa import parse, render
+    from afm.rollout.loop import Episode
     t = traj if cut is None else parse(render(traj)[:cut], task_id=traj.task_id, question=traj.question)
     return Episode(traj.task_id, [], trajectory=t, end="answer" if cut is None else "unclosed",
                    format_error=(t.problems or [None])[0], tool_calls=sum(s.observation is not None for s in t.steps))
@@ -38,12 +38,13 @@ def _episode(traj, cut=None):
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict:
-    """Real sources: the offline teacher on one task per suite (`afm.distill`), and a model's records made by
-    `afm.evaluate.grade_episode` (every other kept trajectory whole, the rest cut short), one of them with hostile text
+    """Real sources: the offline teacher on one task per suite (`afm.teacher.distill`), and a model's records made by
+    `afm.rollout.evaluate.grade_episode` (every other kept trajectory whole, the rest cut short), one of them with
+    hostile text
     and a lone surrogate."""
-    from afm.coa import Trajectory
-    from afm.distill import DistillConfig, distill
-    from afm.evaluate import grade_episode
+    from afm.format.coa import Trajectory
+    from afm.teacher.distill import DistillConfig, distill
+    from afm.rollout.evaluate import grade_episode
     d = tmp_path_factory.mktemp("browse")
     cfg = DistillConfig(tasks_per_suite=1, workers=1)
     distill(d / "distill", cfg, progress=False)
@@ -112,7 +113,7 @@ def test_every_task_with_every_source(page, sources):
 
 @needs_chromium
 def test_steps_in_their_roles_colours_and_observations_masked(page):
-    from afm.browse import role_colours
+    from afm.report.browse import role_colours
     colours = page.js("Object.fromEntries([...document.querySelectorAll('.step')].map(s => [s.dataset.role, "
                       "getComputedStyle(s).borderLeftColor]))")
     want = {r: "rgb({}, {}, {})".format(*(int(c[i:i + 2], 16) for i in (1, 3, 5))) for r, c in role_colours().items()}
@@ -197,10 +198,11 @@ def test_a_lone_surrogate_shows_as_its_escape(page):
 @pytest.mark.parametrize("sample", ["1", 1.5, -1, True, None])
 def test_a_record_afm_would_not_write_is_refused_in_one_line(sources, tmp_path, sample):
     """A `sample` that is no whole number from 0 (a string beside numbers crashed the sort of a task's views): refused,
-    as `afm.evaluate.read_records` refuses such a record as damaged, in one line naming the file and line, before any
+    as `afm.rollout.evaluate.read_records` refuses such a record as damaged, in one line naming the file and line,
+    before any
     page is written."""
-    from afm.browse import collect
-    from afm.evaluate import read_records
+    from afm.report.browse import collect
+    from afm.rollout.evaluate import read_records
     rec = sources["records"][0]
     path = tmp_path / "mixed.jsonl"
     path.write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "sample": sample}) + "\n")
@@ -271,7 +273,7 @@ def test_a_task_folds_and_the_header_stays(page):
 @needs_chromium
 def test_many_tasks_come_a_page_at_a_time(tab, site, sources):
     "A page of 45 tasks shows 20, then 20, then 5; a filter starts again at its first page."
-    from afm.browse import write_page
+    from afm.report.browse import write_page
     from test_docs import load
     rec = sources["records"][0]
     many = site.parent / "many.jsonl"

@@ -65,7 +65,7 @@ def test_every_option_takes_both_spellings():
         assert r.returncode == 0 and "tiny" in r.stdout, (flag, r.stderr)
     bare = [p.name for p in (REPO / "afm").glob("*.py")
             if "argparse.ArgumentParser(" in p.read_text() and p.name not in ("args.py", "cli.py")]
-    assert bare == [], f"{bare}: parse with afm.args.ArgParser, which takes both spellings"
+    assert bare == [], f"{bare}: parse with afm.core.args.ArgParser, which takes both spellings"
 
 
 def test_every_command_has_a_written_chapter():
@@ -103,10 +103,10 @@ def test_run_refuses_a_chapter_whose_input_is_missing(tmp_path):
     settings = tmp_path / "settings.ini"
     settings.write_text("[nodata]\ndescription = test\n")
     r = afm("run", "--profile", "nodata", "--settings", str(settings), "--reports", str(tmp_path / "reports"),
-            "--chapters", "10c_rl_study")
+            "--chapters", "10c_study")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert ("chapter 10c_rl_study reads" in r.stderr and "data/sft/nodata" in r.stderr
-            and "--chapters 09c_sft_recipe" in r.stderr)
+    assert ("chapter 10c_study reads" in r.stderr and "data/sft/nodata" in r.stderr
+            and "--chapters 09c_recipe" in r.stderr)
     assert not (tmp_path / "reports").exists()
 
 
@@ -147,7 +147,7 @@ def test_bench_rl_prints_its_figures_and_refuses_an_unknown_commit_first():
 def test_distill_validates_its_numbers_and_settings_at_the_edge(tmp_path, capsys):
     """One case as a process of its own; the rest through the same entry point in this process (the same code,
     faster)."""
-    from afm.distill import cli_distill
+    from afm.teacher.distill import cli_distill
     r = afm("distill", "--tasks_per_suite", "0", "--out", str(tmp_path / "out"), timeout=120)
     assert (r.returncode != 0 and "tasks_per_suite" in r.stderr
             and len(r.stderr.strip().splitlines()) == 1), r.stderr[-500:]
@@ -183,8 +183,8 @@ def test_run_refuses_a_profile_key_that_nothing_reads_before_running_anything(tm
 
 
 def test_every_profile_of_the_repository_is_read_whole():
-    from afm.core import load_profiles
-    from afm.reproduce import check_profile
+    from afm.core.settings import load_profiles
+    from afm.report.pipeline import check_profile
     for name, params in load_profiles(REPO / "settings.ini").items():
         check_profile(params, REPO / "nbs", f"settings.ini [{name}]")
 
@@ -192,9 +192,9 @@ def test_every_profile_of_the_repository_is_read_whole():
 @pytest.fixture(scope="module")
 def broken_models(tmp_path_factory):
     "A tiny model folder broken each way a folder breaks, and rows for the commands that need data."
-    from afm.coa import examples, render
-    from afm.models import save_model, tiny_chat_model
-    from afm.prompts import system_prompt
+    from afm.format.coa import examples, render
+    from afm.models.catalog import save_model, tiny_chat_model
+    from afm.tools.prompts import system_prompt
     tmp = tmp_path_factory.mktemp("models")
     good = save_model(*tiny_chat_model(texts_limit=50), tmp / "good")
     def config(d, **change):
@@ -251,7 +251,8 @@ def test_a_hub_that_never_answers_fails_load_within_its_timeout(tmp_path):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "AFM_DOWNLOAD": "1", "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}",
                "HF_HUB_ETAG_TIMEOUT": "2", "HF_HOME": str(tmp_path / "hf")}
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-c", "from afm.models import load; load('Qwen/Qwen2.5-7B-Instruct')"],
+        load_qwen = "from afm.models.catalog import load; load('Qwen/Qwen2.5-7B-Instruct')"
+        r = subprocess.run([sys.executable, "-c", load_qwen],
                            capture_output=True, text=True, env=env, timeout=120)
         took = time.monotonic() - t0
     assert (r.returncode != 0
@@ -288,7 +289,7 @@ def test_download_fetches_a_model_from_a_hub_and_it_then_loads_offline(broken_mo
             else: body = f.read_bytes() if (f := self._file()) and f.is_file() else None
             if (body := self._answer(body)) is not None: self.wfile.write(body)
 
-    code = "from afm.models import load; m, t = load('org/tiny'); print(m.config.hidden_size, len(t))"
+    code = "from afm.models.catalog import load; m, t = load('org/tiny'); print(m.config.hidden_size, len(t))"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")}
     with ThreadingHTTPServer(("127.0.0.1", 0), Hub) as hub:
         threading.Thread(target=hub.serve_forever, daemon=True).start()

@@ -10,11 +10,11 @@ from collections import Counter
 import datasets
 import pytest
 
-from afm.coa import Trajectory, counts, grammar_problems
-from afm.distill import DISTILL_SUITES, read_runs
-from afm.grading import grade
-from afm.tasks import load_benchmark
-from afm.tools import TOOLS
+from afm.format.coa import Trajectory, counts, grammar_problems
+from afm.teacher.distill import DISTILL_SUITES, read_runs
+from afm.tasks.grading import grade
+from afm.tasks.task import load_benchmark
+from afm.tools.toolbox import TOOLS
 from conftest import AFM, ENV, REPO
 
 
@@ -111,7 +111,7 @@ def test_a_dead_endpoint_stops_the_run_cleanly(tmp_path):
 def test_a_run_with_reports_outside_the_repo_leaves_the_set_where_sft_reads_it(tmp_path):
     """The pipeline's hand-off: `afm run --reports` anywhere, and the distilled set lands in `data_dir("distill",
     profile)` (the one rule the SFT chapter and `afm sft` read by), not beside the reports folder."""
-    from afm.core import data_dir, read_rows
+    from afm.core.files import data_dir, read_rows
     profile = f"handoff-test-{os.getpid()}"
     settings, reports = tmp_path / "settings.ini", tmp_path / "elsewhere" / "reports"
     settings.write_text(f"[{profile}]\ndescription = test\nseed = 0\ndistill_tasks_per_suite = 2\ndistill_workers = 2\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from afm.distill import cli_distill, read_runs
-from afm.search import Document, write_jsonl_documents
-from afm.tasks import Task, write_jsonl
+from afm.teacher.distill import cli_distill, read_runs
+from afm.tools.search import Document, write_jsonl_documents
+from afm.tasks.task import Task, write_jsonl
 from conftest import AFM, ENV
 
 FACTS = [("Harbourline Press", "a publishing house in Varrow", "founded", "1871"),
@@ -82,7 +82,7 @@ def search(own):
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     "A tiny model built here (untrained: it writes noise) served by `afm serve model`."
-    from afm.models import TinyConfig, build_tiny, tiny_texts
+    from afm.models.catalog import TinyConfig, build_tiny, tiny_texts
     folder = build_tiny(TinyConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, context=2048),
                         tiny_texts(limit=100), tmp_path_factory.mktemp("teacher") / "tiny")
     s = Server([AFM, "serve", "model", "--model", str(folder), "--port", "0"], r" at (http://\S+)/v1")
@@ -166,7 +166,7 @@ def test_an_llm_summarises_the_pages_read(own, tmp_path, capsys):
     """`--summarizer_url`: crawl_page's summaries come from an OpenAI-compatible endpoint (here one that restates the
     page), asked once up front and then once per page read."""
     from fastapi import FastAPI, Request
-    from afm.llm import serve_in_thread
+    from afm.tools.llm import serve_in_thread
     asked, app = [], FastAPI()
 
     @app.post("/v1/chat/completions")
@@ -214,7 +214,7 @@ def _dead_url() -> str:
 def garbage():
     "An endpoint that answers every chat request with JSON that is not a chat completion."
     from fastapi import FastAPI
-    from afm.llm import serve_in_thread
+    from afm.tools.llm import serve_in_thread
     app = FastAPI()
     app.post("/v1/chat/completions")(lambda: {"status": "ok", "note": "not a completion"})
     server, url = serve_in_thread(app)

@@ -170,15 +170,15 @@ def test_home_page(browser):
 
 def test_chapter_page(browser):
     "A chapter: its title, its code, and the API reference of its module from the docstrings."
-    page = load(browser, "chapters/09a_sft_data.html")
+    page = load(browser, "chapters/09a_data.html")
     assert page.js("document.querySelector('h1').textContent").startswith("SFT data")
     assert page.js("document.querySelectorAll('div.cell div.highlight').length") > 10
     api = page.js("[...document.querySelectorAll('dl.py dt.sig')].map(dt => dt.id)")
-    assert "afm.sft_data.sft_rows" in api, api[:10]
-    executed = (REPO / "reports" / "notebooks" / "09a_sft_data.ipynb").exists()
+    assert "afm.sft.data.sft_rows" in api, api[:10]
+    executed = (REPO / "reports" / "notebooks" / "09a_data.ipynb").exists()
     said = page.js("document.body.innerText")
     assert executed or "not a step of the pipeline" in said, "a chapter without outputs must say so"
-    assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/08_rollout.html'))")
+    assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/08_loop.html'))")
 
 
 def test_results_page(browser):
@@ -213,7 +213,7 @@ def test_no_link_leads_nowhere(site):
 
 def test_chapter_pages_carry_their_figures(browser):
     "A chapter that saves its figures shows them under the cell that made them, loaded."
-    for stem, name in (("11_results", "efficiency.png"), ("10c_rl_study", "rl_vs_sft.png")):
+    for stem, name in (("11_results", "efficiency.png"), ("10c_study", "rl_vs_sft.png")):
         if not (REPO / "reports" / "notebooks" / f"{stem}.ipynb").exists(): continue  # no executed chapter here
         page = load(browser, f"chapters/{stem}.html")
         images = page.js("[...document.querySelectorAll('img')].map(i => [i.getAttribute('src'), i.naturalWidth])")
@@ -221,7 +221,7 @@ def test_chapter_pages_carry_their_figures(browser):
 
 
 def test_the_api_reference_reads_markdown_docstrings(browser):
-    "afm.engine's module docstring holds a markdown table: the reference shows a table, not its `|---|` text."
+    "afm.models.engine's module docstring holds a markdown table: the reference shows a table, not its `|---|` text."
     page = load(browser, "chapters/07_engine.html")
     text = page.js("document.querySelector('section[id^=module-]').innerText")
     assert "|---" not in text and page.js("document.querySelectorAll('section[id^=module-] table').length") > 0

@@ -96,12 +96,12 @@ def untimed(recs):
 def served_tiny():
     """The tool-calling tiny model over real HTTP on localhost, one request at a time (so an episode is the same however
     the requests interleave): its URL, tokenizer and context."""
-    from afm.engine import TransformersEngine
-    from afm.engine_local import EngineBackend
-    from afm.fit import tool_calling_tiny
-    from afm.llm import serve_in_thread
-    from afm.serve import BatchingEngine
-    from afm.serve_app import serve_chat
+    from afm.models.engine import TransformersEngine
+    from afm.models.backends import EngineBackend
+    from afm.models.fit import tool_calling_tiny
+    from afm.tools.llm import serve_in_thread
+    from afm.models.batching import BatchingEngine
+    from afm.models.server import serve_chat
     model, tok = tool_calling_tiny()
     engine = TransformersEngine(model, tok, max_batch=1)
     server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(engine))))
@@ -114,7 +114,7 @@ def stub(backend: str, answer):
     import httpx
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
-    from afm.llm import serve_in_thread
+    from afm.tools.llm import serve_in_thread
     app, seen = FastAPI(), []
 
     @app.get("/v1/models")
@@ -142,11 +142,11 @@ def test_a_failing_endpoint_leaves_its_pairs_to_the_rerun(served_tiny, tmp_path,
     """`records` through an endpoint that fails after three requests (HTTP 500, a page of HTML, a text that is no
     string): the episodes it failed are not written, `MissingRecords` says how many and why once the others are
     saved, and the rerun against the mended endpoint ends with exactly the records of an uninterrupted run."""
-    from afm.evaluate import MissingRecords, eval_identity, read_records, records, suite_tasks
-    from afm.fit import TINY_SYSTEM
-    from afm.rollout import rollout_config
-    from afm.serve_client import OpenAIEngine
-    from afm.world import tool_sizes, world_toolbox
+    from afm.rollout.evaluate import MissingRecords, eval_identity, read_records, records, suite_tasks
+    from afm.models.fit import TINY_SYSTEM
+    from afm.rollout.loop import rollout_config
+    from afm.models.remote import OpenAIEngine
+    from afm.tasks.world import tool_sizes, world_toolbox
     url, tok, context = served_tiny
     tasks, box = suite_tasks(3, "val", ["world-atomic"]), world_toolbox(tool_sizes("tiny"))
     cfg = rollout_config("tiny", temperature=1.0, top_p=1.0, seed=0, system=TINY_SYSTEM, max_new_tokens=60,

@@ -6,7 +6,7 @@ import sys
 
 from conftest import ENV, REPO
 
-FIT = ("from afm.fit import tool_calling_tiny; from afm.training import weight_digest; "
+FIT = ("from afm.models.fit import tool_calling_tiny; from afm.sft.training import weight_digest; "
        "model, _ = tool_calling_tiny(); print(model.name_or_path); print(weight_digest(model))")
 
 

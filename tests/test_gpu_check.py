@@ -11,8 +11,8 @@ from conftest import REPO
 
 def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, tool_caller_folder):
     import shutil
-    from afm.coa import examples, render
-    from afm.prompts import system_prompt
+    from afm.format.coa import examples, render
+    from afm.tools.prompts import system_prompt
     shutil.copytree(tool_caller_folder, tmp_path / "model")
     with (tmp_path / "rows.jsonl").open("w") as f:
         for _ in range(8):
@@ -20,7 +20,10 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, tool_caller_folder):
             f.write(json.dumps({"kind": "qa", "messages": [{"role": "system", "content": system_prompt("qa")},
                                                            {"role": "user", "content": traj.question},
                                                            {"role": "assistant", "content": render(traj)}]}) + "\n")
+    from afm.models.fit import TINY_SYSTEM
+    # the small tool-calling model's own prompt: the one it calls tools under (a trained model's is the profile's)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "DEVICE": "cpu", "PER_SUITE": "1",
+           "SYSTEM": TINY_SYSTEM,
            "SFT_STEPS": "2", "RL_STEPS": "1", "RL_GROUPS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     out = tmp_path / "out"
@@ -36,8 +39,8 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path, tool_caller_folder):
     # one device, one dtype: the same episodes
     assert fp32_vs_cpu["questions"] == 4 and fp32_vs_cpu["same_grade"] == 1.0
     assert summary["sft"]["steps"] == 2 and summary["rl"]["steps"] == 1
-    from afm.rl import RLArgs
-    from afm.rl_health import guard_margins, margin_line, read_health
-    margins = guard_margins(read_health(out / "rl"), RLArgs())
+    from afm.rl.trainer import RLArgs
+    from afm.rl.health import guard_margins, margin_line, read_health
+    margins = guard_margins(read_health(out / "rl")[:1], RLArgs())  # the first step: episodes the test model sampled
     print(margin_line(margins))
     assert margins["episodes/format_failure_rate"]["margin"] >= 0.25  # the test model keeps well clear of the guard

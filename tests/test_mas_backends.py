@@ -14,12 +14,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from afm.llm import BackendError, Endpoint, LLMClient, serve_in_thread
-from afm.engine import TransformersEngine
-from afm.engine_local import EngineBackend
-from afm.serve_app import serve_chat
-from afm.mas import ROLE_PROMPTS
-from afm.models import tiny_chat_model
+from afm.tools.llm import BackendError, Endpoint, LLMClient, serve_in_thread
+from afm.models.engine import TransformersEngine
+from afm.models.backends import EngineBackend
+from afm.models.server import serve_chat
+from afm.teacher.mas import ROLE_PROMPTS
+from afm.models.catalog import tiny_chat_model
 
 CHAT = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Who founded the company?"}]
 FAST = dict(retries=2, backoff_s=0.01)  # retry policy for tests: three attempts, no real waiting
@@ -281,14 +281,14 @@ class ProtocolLLM:
 
 
 def test_llm_teacher_reaches_a_correct_answer_over_http():
-    from afm.coa import grammar_problems
-    from afm.distill import FilterConfig, filter_trajectories, linearize
-    from afm.grading import grade
-    from afm.mas import LLMBrain, MultiAgentSystem
-    from afm.search import SearchConfig, default_index
-    from afm.tasks import load_benchmark
-    from afm.tools import Toolbox
-    from afm.world import world_documents
+    from afm.format.coa import grammar_problems
+    from afm.teacher.distill import FilterConfig, filter_trajectories, linearize
+    from afm.tasks.grading import grade
+    from afm.teacher.mas import LLMBrain, MultiAgentSystem
+    from afm.tools.search import SearchConfig, default_index
+    from afm.tasks.task import load_benchmark
+    from afm.tools.toolbox import Toolbox
+    from afm.tasks.world import world_documents
     tasks = [t for t in load_benchmark("world-atomic", split="sft", sizes={"sft": 40})
              if re.fullmatch(r"In what year was .+ (born|founded)\?", t.question)][:3]
     assert len(tasks) == 3
@@ -315,7 +315,7 @@ def test_the_llm_teachers_settings_reach_its_endpoint(scripted, monkeypatch):
     """`LLMTeacherConfig` (what `afm distill --brain openai` and a profile's `distill_llm` set): the concurrency bounds
     the requests in flight, the timeout bounds one request, and the URL, model and key come from the config or
     `AFM_TEACHER_*`."""
-    from afm.mas import AgentCall, LLMBrain, LLMTeacherConfig, Memory, check_backend
+    from afm.teacher.mas import AgentCall, LLMBrain, LLMTeacherConfig, Memory, check_backend
     server = scripted("ok", delay_s=0.2)
     brain = LLMBrain.from_config(LLMTeacherConfig(base_url=server.url, model="m", max_tokens=32, temperature=0.2,
                                                   concurrency=2))

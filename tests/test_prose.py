@@ -1,15 +1,16 @@
 """Every figure stated in prose comes from a record: the README, the report cards and the chapters' prose are read for
 figures (decimals, percentages, times, ratios; not counts, versions, sections, years or names) that no committed
-`metrics.json` or `figures.json`, no profile and no number of the paper holds (`afm.prose.unsourced`)."""
+`metrics.json` or `figures.json`, no profile and no number of the paper holds (`afm.core.prose.unsourced`)."""
 import json
 
 import pytest
-from afm.prose import notebook_prose, repo_sources, sources, unsourced
+from afm.core.prose import notebook_prose, repo_sources, sources, unsourced
 from conftest import REPO
 
 # every notebook of nbs/, a new one without anyone adding it: a study's findings are rendered from its figures in a code
 # cell, a past run's measurement no record holds is in reports/<key>/HISTORY.md
-CHECKED = sorted(p.stem for p in (REPO / "nbs").glob("*.ipynb"))
+CHECKED = sorted(p.relative_to(REPO / "nbs").with_suffix("").as_posix() for p in (REPO / "nbs").rglob("*.ipynb")
+                 if ".ipynb_checkpoints" not in p.parts)
 RECORDS = [REPO / "reports" / "metrics.json", *sorted((REPO / "reports").glob("*/metrics.json"))]
 
 
@@ -31,8 +32,8 @@ def test_a_chapter_states_no_figure_the_records_lack(notebook, known):
 def test_a_report_card_states_only_its_records_figures(path):
     """The card as `write_reports` writes it from each committed record, and the committed card beside it: nothing
     else is cited."""
-    from afm.card import report_card
-    from afm.results import paper_results
+    from afm.report.card import report_card
+    from afm.report.results import paper_results
     record = json.loads(path.read_text())
     own = sources(record, paper_results())
     assert unsourced(report_card(record), own) == []
@@ -52,7 +53,7 @@ def test_what_the_commands_say_states_no_figure_the_records_lack(known):
     import contextlib
     import io
     from afm.cli import COMMANDS, main, providers
-    from afm.core import load_profiles
+    from afm.core.settings import load_profiles
     texts = {f"[{name}] description": p.get("description", "")
              for name, p in load_profiles(REPO / "settings.ini").items()}
     for cmd in COMMANDS:

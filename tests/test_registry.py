@@ -5,8 +5,8 @@ import sys
 
 RACE = """
 import threading
-from afm.tools import TOOLS
-from afm.tasks import benchmarks
+from afm.tools.toolbox import TOOLS
+from afm.tasks.task import benchmarks
 out, go = [], threading.Barrier(8)
 def look():
     go.wait()
@@ -25,7 +25,7 @@ def test_discovery_is_complete_for_every_thread():
 
 
 def test_a_tool_registered_before_discovery_is_kept():
-    code = ("from afm.tools import TOOLS, Tool\n"
+    code = ("from afm.tools.toolbox import TOOLS, Tool\n"
             "TOOLS.add(Tool('code', lambda text, ctx: 'mine', 'my code tool'))\n"
             "assert TOOLS['code'].description == 'my code tool' and 'web_search' in TOOLS\nprint('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

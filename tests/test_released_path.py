@@ -67,19 +67,19 @@ def web_copy(**kwargs):
     """world-atomic's questions as web tasks (graded by the judge), which the tiny model was fitted to search and
     answer; their ids, and so their episodes' seeds, are world-atomic's. A released benchmark belongs to no generated
     world, so neither do they: the profile's tools (its own world, and Wikipedia) serve them."""
-    from afm.tasks import load_benchmark
+    from afm.tasks.task import load_benchmark
     return [dataclasses.replace(t, kind="web", source="released-web", meta={
         k: v for k, v in t.meta.items() if k != "world"}) for t in load_benchmark("world-atomic", **kwargs)]
 
 
 def test_released_profile_decoding_token_ids_and_the_judge_prompt(tool_caller_folder, judge_folder, tmp_path,
                                                                   monkeypatch, capsys):
-    from afm.core import load_profile
-    from afm.evaluate import eval_config
-    from afm.evaluate_cli import cli_eval
-    from afm.grading import JUDGE_PROMPT, JUDGE_RETRY, JUDGE_SYSTEM, answer_text, judge_gold
-    from afm.models import load_tokenizer
-    from afm.tasks import register_benchmark
+    from afm.core.settings import load_profile
+    from afm.rollout.evaluate import eval_config
+    from afm.rollout.eval_command import cli_eval
+    from afm.tasks.grading import JUDGE_PROMPT, JUDGE_RETRY, JUDGE_SYSTEM, answer_text, judge_gold
+    from afm.models.catalog import load_tokenizer
+    from afm.tasks.task import register_benchmark
     cfg = eval_config(load_profile(PROFILE))
     # the paper's web inference
     assert (cfg.temperature, cfg.top_p, cfg.max_turns, cfg.prompt_layout) == (1.0, 0.9, 36, "user")
@@ -168,10 +168,10 @@ def search_r1_tiny(folder: Path, steps: int = 300):
     """The small `tiny` fitted for a few seconds on episodes in the Search-R1 protocol (its prompt alone in the user
     turn, a `<search>` call, the `<information>` block the environment writes, then `<answer>`), saved in `folder`: a
     model that speaks the protocol, as the released checkpoints do, for the environment's side to be tested against."""
-    from afm.fit import fit_ids, one_search_examples
-    from afm.models import chat_prompt_ids, save_model, tiny_chat_model
-    from afm.rollout import DIALECTS
-    from afm.world import tool_sizes, world_toolbox
+    from afm.models.fit import fit_ids, one_search_examples
+    from afm.models.catalog import chat_prompt_ids, save_model, tiny_chat_model
+    from afm.rollout.loop import DIALECTS
+    from afm.tasks.world import tool_sizes, world_toolbox
     d, box = DIALECTS["search-r1"], world_toolbox(tool_sizes("tiny"))
     model, tok = tiny_chat_model(0)
     rows = []
@@ -194,11 +194,11 @@ def test_a_search_r1_checkpoint_is_asked_and_answered_in_its_own_protocol(tmp_pa
     """`afm eval --profile paper-eval-searchr1-7b --endpoint`: the served model gets the checkpoints' prompt alone in
     the user turn, stops at `</search>`, and each search comes back to it as the retriever's passages in an
     `<information>` block."""
-    from afm.evaluate_cli import cli_eval
-    from afm.models import chat_prompt_ids, decode, load_tokenizer
-    from afm.rollout import SEARCH_R1_PROMPT
-    from afm.tasks import load_benchmark
-    from afm.world import profile_world
+    from afm.rollout.eval_command import cli_eval
+    from afm.models.catalog import chat_prompt_ids, decode, load_tokenizer
+    from afm.rollout.loop import SEARCH_R1_PROMPT
+    from afm.tasks.task import load_benchmark
+    from afm.tasks.world import profile_world
     folder = search_r1_tiny(tmp_path / "model")
     # the profile over the world the tiny model was fitted in (the paper profiles' generated world is twice as large)
     settings = tmp_path / "settings.ini"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import nbdev_sync
 import pytest
-from afm.core import load_profiles
+from afm.core.chapters import chapter
+from afm.core.settings import load_profiles
 from conftest import REPO
 
 
@@ -27,26 +28,35 @@ def test_sync_check_passes_on_the_repo():
 
 def test_sync_check_catches_a_hand_edited_module(tmp_path):
     repo = _copy(tmp_path)
-    coa = repo / "afm" / "coa.py"
+    coa = repo / "afm" / "format" / "coa.py"
     coa.write_text(coa.read_text() + "\nHAND_EDIT = 1\n")
-    assert nbdev_sync.problems(repo) == ["afm/coa.py: differs from a fresh nbdev-export (run nbdev-export and commit)"]
+    assert nbdev_sync.problems(repo) == ["afm/format/coa.py: differs from a fresh nbdev-export (run nbdev-export and "
+                                         "commit)"]
+
+
+def test_sync_check_catches_a_stale_manifest(tmp_path):
+    repo = _copy(tmp_path)
+    manifest = repo / "afm" / "chapters.json"
+    manifest.write_text(manifest.read_text().replace('"rl_seeds"', '"rl_sedes"'))
+    assert nbdev_sync.problems(repo) == ["afm/chapters.json: differs from a fresh nbdev-export (run nbdev-export and "
+                                         "commit)"]
 
 
 def test_sync_check_catches_a_stale_module(tmp_path):
     repo = _copy(tmp_path)
-    (repo / "afm" / "leftover.py").write_text("x = 1\n")
-    assert any(p.startswith("afm/leftover.py") for p in nbdev_sync.problems(repo))
+    (repo / "afm" / "tools" / "leftover.py").write_text("x = 1\n")
+    assert any(p.startswith("afm/tools/leftover.py") for p in nbdev_sync.problems(repo))
 
 
 def test_sync_check_catches_notebook_outputs_and_metadata(tmp_path):
     repo = _copy(tmp_path)
-    path = repo / "nbs" / "00_coa.ipynb"
+    path = repo / "nbs" / "format" / "00_coa.ipynb"
     nb = json.loads(path.read_text())
     cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
     cell["execution_count"] = 7
     cell["metadata"]["collapsed"] = True
     path.write_text(json.dumps(nb, indent=1))
-    assert nbdev_sync.problems(repo) == ["nbs/00_coa.ipynb: not clean (run nbdev-clean and commit)"]
+    assert nbdev_sync.problems(repo) == ["nbs/format/00_coa.ipynb: not clean (run nbdev-clean and commit)"]
 
 
 def test_pins_and_extras():
@@ -93,9 +103,9 @@ def test_make_lab_starts_as_root_too():
 def test_every_pipeline_chapter_takes_its_parameters():
     """papermill injects a profile's values after the cell tagged `parameters`: without the tag a chapter runs on its
     CI defaults."""
-    from afm.core import CHAPTERS
+    from afm.core.chapters import CHAPTERS
     for ch in CHAPTERS:
-        path = REPO / "nbs" / f"{ch.notebook}.ipynb"
+        path = REPO / "nbs" / f"{ch.path}.ipynb"
         if not ch.pipeline or not path.is_file(): continue
         cells = [c for c in json.loads(path.read_text())["cells"]
                  if "parameters" in c.get("metadata", {}).get("tags", [])]
@@ -107,17 +117,40 @@ def test_every_pipeline_chapter_takes_its_parameters():
 
 def test_the_parameters_read_are_the_ones_papermill_injects_by():
     """`declared_parameters` reads a chapter's parameters cell without papermill (so `afm sft --help` does not import
-    it); papermill's own reading, which `afm run` injects by, must agree on every notebook."""
+    it), from the notebook or from the manifest the export wrote; papermill's own reading, which `afm run` injects by,
+    must agree with both on every notebook."""
     import papermill
-    from afm.core import declared_parameters
-    for path in sorted((REPO / "nbs").glob("*.ipynb")):
+    from afm.core.chapters import CHAPTERS, declared_parameters, manifest
+    for path in sorted((REPO / "nbs").rglob("*.ipynb")):
         theirs = {k: d["default"] for k, d in papermill.inspect_notebook(str(path)).items()}
         assert declared_parameters(path) == theirs, path.name
-    assert declared_parameters("10c_rl_study")["rl_test_samples"] == "2"  # source text, the notebook's default
+    for c in CHAPTERS:
+        theirs = {k: d["default"] for k, d in papermill.inspect_notebook(str(REPO / "nbs" / f"{c.path}.ipynb")).items()}
+        assert manifest()[c.notebook] == declared_parameters(c.notebook) == theirs, c.notebook
+    assert declared_parameters("10c_study")["rl_test_samples"] == "2"  # source text, the notebook's default
 
 
-@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09c_sft_recipe", "sft_", ("sft_demo_steps",)),
-                                                                ("10c_rl_study", "rl_",
+def test_an_installed_afm_checks_keys_as_a_clone_does(tmp_path):
+    """The package alone (no `nbs/`, no `settings.ini` anywhere above it), as `pip install` leaves it: a profile key no
+    chapter declares is refused, naming the key it probably meant, as in a clone."""
+    import shutil
+    import subprocess
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "afm", site / "afm", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in type(f).__name__]\n"
+            "import afm; assert afm.__file__.startswith(sys.argv[1]), afm.__file__\n"
+            "from afm.rl.trainer import rl_args\n"
+            "assert rl_args({'rl_seeds': 3, 'rl_learning_rate': 1e-5}).learning_rate == 1e-5\n"
+            "try: rl_args({'rl_sedes': 3})\n"
+            "except ValueError as e: print(e)\n"
+            "else: raise SystemExit('an unknown key was let through')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 0 and "'rl_sedes' (did you mean 'rl_seeds'?)" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("notebook, prefix, same_everywhere", [("09c_recipe", "sft_", ("sft_demo_steps",)),
+                                                                ("10c_study", "rl_",
                                                                  ("rl_demo_steps", "rl_sft_from")),
                                                                 ("11_results", "results_",
                                                                  ("results_efficiency_per_suite", "results_suites"))])
@@ -125,7 +158,7 @@ def test_every_profile_sets_the_chapter_schedule(notebook, prefix, same_everywhe
     """The SFT and RL chapters' parameters default to CI sizes (2 steps, one val question): a profile that left one
     out would run on it."""
     import ast
-    cells = json.loads((REPO / "nbs" / f"{notebook}.ipynb").read_text())["cells"]
+    cells = json.loads((REPO / "nbs" / f"{chapter(notebook).path}.ipynb").read_text())["cells"]
     source = "".join(next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))["source"])
     # the demonstration run is the same everywhere; a run starts from its own profile's SFT
     schedule = [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets
@@ -173,10 +206,10 @@ PAPER = json.loads((REPO / "tests" / "paper_numbers.json").read_text())
 
 def _paper_configs(name: str, profile: dict) -> dict:
     "Each configuration of a profile as the code reads it (defaults included): what a key that is left out means."
-    from afm.evaluate import eval_config
-    from afm.rl import rl_args
-    from afm.rollout import rollout_config
-    from afm.sft import sft_args
+    from afm.rollout.evaluate import eval_config
+    from afm.rl.trainer import rl_args
+    from afm.rollout.loop import rollout_config
+    from afm.sft.trainer import sft_args
     where = f"settings.ini [{name}]"
     return {"profile": profile, "sft": vars(sft_args(profile, where)), "rl": vars(rl_args(profile, where)),
             "rollout": vars(rollout_config(profile, where=where)),
@@ -203,11 +236,12 @@ def test_paper_profiles_hold_the_papers_numbers(name):
 
 def test_each_setting_has_one_owner():
     """Decoding and budgets are set once, as `rollout_*` keys, with `eval_*` and `rl_*` keys for RolloutConfig's fields
-    over them (`afm.rollout.rollout_config`): no other key of a profile repeats one (`sft_test_max_new_tokens` is CI's
+    over them (`afm.rollout.loop.rollout_config`): no other key of a profile repeats one (`sft_test_max_new_tokens` is
+    CI's
     cap and None in every profile), and RL samples the whole distribution in every profile, as RLArgs' defaults did."""
     from dataclasses import fields
-    from afm.evaluate import eval_config
-    from afm.rollout import RolloutConfig, rollout_config
+    from afm.rollout.evaluate import eval_config
+    from afm.rollout.loop import RolloutConfig, rollout_config
     names = [f.name for f in fields(RolloutConfig)]
     for name, profile in load_profiles(REPO / "settings.ini").items():
         stray = [k for k, v in profile.items() if v is not None and k.endswith(tuple(f"_{n}" for n in names))
@@ -234,28 +268,42 @@ def _block(markers: tuple[str, str]) -> str:
 def test_readme_results_table_is_generated_from_metrics():
     """The README's results block is `results_table` of the committed reports/metrics.json: a hand edit or a stale
     table fails."""
-    from afm.card import RESULTS_MARKERS, results_table
+    from afm.report.card import RESULTS_MARKERS, results_table
     assert _block(RESULTS_MARKERS) == "\n" + results_table(
         json.loads((REPO / "reports" / "metrics.json").read_text())), \
-        "README.md's results table differs from reports/metrics.json: regenerate it with afm.card.update_readme"
+        "README.md's results table differs from reports/metrics.json: regenerate it with afm.report.card.update_readme"
 
 
 def test_readme_measured_notes_are_generated_from_the_records():
     "The README's notes on what each profile measured are `measured_notes` of the committed records: a hand edit fails."
-    from afm.card import NOTES_MARKERS, measured_notes, profile_records
+    from afm.report.card import NOTES_MARKERS, measured_notes, profile_records
     assert _block(NOTES_MARKERS) == "\n" + measured_notes(profile_records(REPO)), \
         ("README.md's measured notes differ from reports/: regenerate them with "
-         "afm.card.update_block(README, NOTES_MARKERS, ...)")
+         "afm.report.card.update_block(README, NOTES_MARKERS, ...)")
 
 
-# nbdev's index of the package and its package docstring, written whole by nbdev
+# nbdev's index of the package and the package's docstrings (nbdev's own at the top; each wing's, written at export)
 NBDEV_OWN = ("_modidx.py", "__init__.py")
+MODULES = sorted(p for p in (REPO / "afm").rglob("*.py") if p.name not in NBDEV_OWN and "__pycache__" not in p.parts)
 
 
 def test_every_module_is_about_one_thing_in_at_most_600_lines():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "afm").glob("*.py") if p.name not in NBDEV_OWN}
+    sizes = {p.relative_to(REPO).as_posix(): len(p.read_text().splitlines()) for p in MODULES}
     assert len(sizes) > 40 and not {k: v for k, v in sizes.items() if v
                                     > 600}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+
+
+def test_the_house_reads_as_the_pipeline():
+    """At most 10 wings, at most 10 modules in a wing, every module of `afm/` a chapter's, in its wing's folder of
+    `nbs/`, and each wing's `__init__` saying what the stage does and listing its modules."""
+    from afm.core.chapters import CHAPTERS, WINGS
+    assert len(WINGS) <= 10 and all(sum(c.wing == w for c in CHAPTERS) <= 10 for w in WINGS)
+    assert {p.relative_to(REPO / "afm").with_suffix("").as_posix().replace("/", ".") for p in MODULES} == \
+        {c.module for c in CHAPTERS}
+    for wing, does in WINGS.items():
+        doc = __import__(f"afm.{wing}", fromlist=["_"]).__doc__
+        assert " ".join(doc.split()).startswith(" ".join(does.split())), wing
+        assert all(f"`afm.{c.module}`" in doc for c in CHAPTERS if c.wing == wing), wing
 
 
 def test_long_lines_in_afm_are_only_the_ones_nbdev_writes():
@@ -263,9 +311,7 @@ def test_long_lines_in_afm_are_only_the_ones_nbdev_writes():
     the module docstring it makes of a notebook's summary and exported markdown, and its `__all__` header."""
     import subprocess
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E501", "--line-length", "120",
-                        "--output-format", "json",
-                        *[str(p) for p in (REPO / "afm").glob("*.py") if p.name not in NBDEV_OWN]],
-                       capture_output=True, text=True, cwd=REPO)
+                        "--output-format", "json", *map(str, MODULES)], capture_output=True, text=True, cwd=REPO)
     long = []
     for hit in json.loads(r.stdout):  # ruff reports JSON (an empty list when nothing is long); no output fails here
         lines = Path(hit["filename"]).read_text().splitlines()
@@ -276,25 +322,48 @@ def test_long_lines_in_afm_are_only_the_ones_nbdev_writes():
     assert r.returncode in (0, 1) and not long, (long[:10], r.stderr[-500:])
 
 
+def _imports(module: str):
+    "`(line, module imported, names)` of each import of an `afm` module in `module` (dotted), relative ones resolved."
+    import ast
+    from afm.core.chapters import chapter
+    path = REPO / "afm" / (module.replace(".", "/") + ".py")
+    package = module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = (package[:len(package) - node.level + 1] if node.level else []) + (node.module or "").split(".")
+            name = ".".join(p for p in base if p).removeprefix("afm.")
+            if not node.level and not (node.module or "").startswith("afm"): continue
+            if name == "afm": name = ""
+            for a in node.names:  # `from afm.tools import harness` imports a module
+                full = f"{name}.{a.name}".lstrip(".")
+                try: yield node.lineno, chapter(full).module, []
+                except KeyError: yield node.lineno, name, [a.name]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("afm."): yield node.lineno, a.name.removeprefix("afm."), []
+
+
 def test_a_chapter_imports_only_the_chapters_above_it():
     """Data flows down the chapter table: no module imports a later one, not even inside a function (a protocol goes
-    up instead)."""
-    import ast
-    from afm.core import CHAPTERS
-    order = {c.module: i for i, c in enumerate(CHAPTERS)}
+    up instead); a wing imports only itself and the wings above it."""
+    from afm.core.chapters import CHAPTERS, WINGS
+    order, wings = {c.module: i for i, c in enumerate(CHAPTERS)}, list(WINGS)
     later = []
     for c in CHAPTERS:
-        for node in ast.walk(ast.parse((REPO / "afm" / f"{c.module}.py").read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1: names = [(node.module or "").split(".")[0]]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("afm."):
-                names = [node.module.split(".")[1]]
-            elif isinstance(node, ast.ImportFrom) and node.module == "afm": names = [a.name for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name.split(".")[1] for a in node.names if a.name.startswith("afm.")]
-            else: continue
-            later += [f"afm.{c.module}:{node.lineno} imports afm.{m}" for m in names if order.get(m, -1)
-                      > order[c.module]]
+        for line, m, _ in _imports(c.module):
+            if m not in order: continue
+            w = next(x for x in CHAPTERS if x.module == m).wing
+            if order[m] > order[c.module] or (c.wing and w and wings.index(w) > wings.index(c.wing)):
+                later.append(f"afm.{c.module}:{line} imports afm.{m}")
     assert not later, later
+
+
+def test_no_private_name_is_imported_across_modules():
+    "A name starting with `_` is its module's own: another module that needs it needs it made public first."
+    from afm.core.chapters import CHAPTERS
+    private = [f"afm.{c.module}:{line} imports {n} from afm.{m}" for c in CHAPTERS
+               for line, m, names in _imports(c.module) for n in names if n.startswith("_") and m != c.module]
+    assert not private, private
 
 
 def test_no_committed_record_names_the_folder_a_clone_lived_in():

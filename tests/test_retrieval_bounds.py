@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
-from afm.llm import serve_in_thread
-from afm.search import MAX_QUERIES, MAX_RESULTS, default_index, retrieval_app
+from afm.tools.llm import serve_in_thread
+from afm.tools.search import MAX_QUERIES, MAX_RESULTS, default_index, retrieval_app
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from afm.engine import TransformersEngine
-from afm.fit import TINY_SYSTEM, one_search_examples, tool_caller_start, tool_calling_tiny
-from afm.rollout import RolloutConfig, rollout
-from afm.tasks import load_benchmark
-from afm.tools import TOOLS, Tool, Toolbox
-from afm.world import tool_sizes, world_toolbox
+from afm.models.engine import TransformersEngine
+from afm.models.fit import TINY_SYSTEM, one_search_examples, tool_caller_start, tool_calling_tiny
+from afm.rollout.loop import RolloutConfig, rollout
+from afm.tasks.task import load_benchmark
+from afm.tools.toolbox import TOOLS, Tool, Toolbox
+from afm.tasks.world import tool_sizes, world_toolbox
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +38,11 @@ def _observations(eps):
 
 
 def test_the_rollout_imports_only_earlier_chapters():
-    code = "import sys, afm.rollout; print(json.dumps(sorted(m for m in sys.modules if m.startswith('afm'))))"
+    code = "import sys, afm.rollout.loop; print(json.dumps(sorted(m for m in sys.modules if m.startswith('afm'))))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True,
                          check=True).stdout
-    assert not {"afm.distill", "afm.mas", "afm.fit", "afm.sft"} & set(json.loads(out)), out
+    heavy = {"afm.teacher.distill", "afm.teacher.mas", "afm.models.fit", "afm.sft.trainer"}
+    assert not heavy & set(json.loads(out)), out
 
 
 @pytest.mark.parametrize("hang", ["sleeps a minute", "never returns"])
@@ -96,7 +97,7 @@ def test_a_session_that_raises_fails_only_its_call(setup):
 
 def test_a_request_the_engine_cannot_serve_ends_only_its_episode(setup):
     model, tok, _, cfg, tasks = setup
-    from afm.models import load
+    from afm.models.catalog import load
     # its own tokenizer: one word more than the model knows
     mine = load(str(tool_caller_start()[-1]))[1]
     mine.add_tokens(["qqzxv"])
@@ -122,8 +123,8 @@ def test_a_seed_out_of_range_is_refused_naming_it(bad):
 
 
 def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
-    from afm.fit import calls_tools
-    from afm.models import provenance, save_model, tiny_chat_model
+    from afm.models.fit import calls_tools
+    from afm.models.catalog import provenance, save_model, tiny_chat_model
     examples = one_search_examples()
     folder = tool_caller_start(seed=3)[-1]
     # what another machine's fit could leave: no tool calls
@@ -136,8 +137,8 @@ def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
 def test_a_released_checkpoint_is_prompted_in_its_own_layout(setup):
     """`prompt_layout=user`: no system turn; the instructions open the user turn, or a released RL row's own prompt
     is used as it is."""
-    from afm.benchmarks_paper import afm_rl_task
-    from afm.models import chat_prompt_ids
+    from afm.tasks.hub import afm_rl_task
+    from afm.models.catalog import chat_prompt_ids
     model, tok, engine, cfg, tasks = setup
     roles = lambda ids: [part.split("\n", 1)[0].strip()
                          for part in tok.decode(ids, skip_special_tokens=False).split("<|im_start|>")[1:]]

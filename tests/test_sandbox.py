@@ -1,5 +1,6 @@
-"""Adversarial and ordinary tests of the code sandbox (afm.sandbox, afm.sandbox_run.run_python) and of its warm pool
-(afm.pool.run_warm), under bwrap and in the rlimits fallback.
+"""Adversarial and ordinary tests of the code sandbox (afm.tools.sandbox, afm.tools.execution.run_python) and of its
+warm pool
+(afm.tools.pool.run_warm), under bwrap and in the rlimits fallback.
 
 Tests taking the ``mode`` fixture run four times: under bwrap and in the rlimits fallback,
 each through the warm pool (run() fills it first and checks that the run used it) and cold
@@ -31,13 +32,13 @@ from pathlib import Path
 
 import pytest
 
-import afm.pool as pool
-import afm.pool_tool as pool_tool
-import afm.sandbox as sandbox
-import afm.sandbox_run as sandbox_run
-from afm.pool import run_warm
-from afm.pool_tool import code_blocks
-from afm.sandbox_run import ExecResult, run_python
+import afm.tools.pool as pool
+import afm.tools.code_tool as pool_tool
+import afm.tools.sandbox as sandbox
+import afm.tools.execution as sandbox_run
+from afm.tools.pool import run_warm
+from afm.tools.code_tool import code_blocks
+from afm.tools.execution import ExecResult, run_python
 
 MARGIN_S = 3.0  # a run must end within its timeout plus this
 HOST_FILE = Path(__file__).resolve().parents[1] / "README.md"  # the repository, which the sandbox must not see
@@ -732,10 +733,11 @@ def test_source_declaring_another_encoding_runs_as_written(isolation: str) -> No
 
 
 def test_run_python_is_cold_whatever_was_imported(isolation: str) -> None:
-    """The pool is the caller's choice. Importing afm.pool (this module does) or afm.grading (which used to import the
+    """The pool is the caller's choice. Importing afm.tools.pool (this module does) or afm.tasks.grading (which used
+    to import the
     pool only for its side effect) once made every run_python of the process use the pool; now run_python starts its
     own sandbox while the pool is full, and only a caller that passes the pool (run_warm) gets one of its sandboxes."""
-    import afm.grading  # noqa: F401  (imported for what it might do to run_python)
+    import afm.tasks.grading  # noqa: F401  (imported for what it might do to run_python)
     assert pool.warm_up() == pool.POOL_SIZE
     held = pool_held()[0]
     plain = run_python("import os\nprint(os.getuid())")
@@ -750,7 +752,7 @@ def test_run_python_is_cold_whatever_was_imported(isolation: str) -> None:
 def test_code_tool_runs_in_the_warm_pool(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `code` tool's default runner is run_warm: a toolbox that does not choose (the teacher's, a rollout's) gets
     the pool."""
-    from afm.tools import Toolbox
+    from afm.tools.toolbox import Toolbox
     served: list[bool] = []
 
     def watched(*args, **kwargs) -> ExecResult:
@@ -783,7 +785,7 @@ def leftovers() -> None:
 
 
 atexit.register(leftovers)
-import afm.pool as pool
+import afm.tools.pool as pool
 
 assert pool.warm_up() == 2
 child = os.fork()

@@ -17,10 +17,10 @@ from conftest import AFM, ENV
 def tiny_folder(tmp_path_factory):
     """What `afm sft` saves: a tiny model fine-tuned with LoRA for two steps on the worked CoA examples, the adapters
     merged."""
-    from afm.coa import examples, render
-    from afm.prompts import system_prompt
-    from afm.models import build_tiny, TinyConfig, tiny_texts
-    from afm.sft import SFTArgs, train_sft
+    from afm.format.coa import examples, render
+    from afm.tools.prompts import system_prompt
+    from afm.models.catalog import build_tiny, TinyConfig, tiny_texts
+    from afm.sft.trainer import SFTArgs, train_sft
     tmp = tmp_path_factory.mktemp("m")
     base = build_tiny(TinyConfig(vocab_size=600, hidden_size=32, layers=1, heads=2, kv_heads=1, context=2048),
                       tiny_texts(limit=100), tmp / "tiny")
@@ -153,12 +153,12 @@ def test_a_corrupt_folder_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def client():
     openai = pytest.importorskip("openai")  # the `dev` extra
-    from afm.engine import TransformersEngine
-    from afm.engine_local import EngineBackend
-    from afm.llm import serve_in_thread
-    from afm.models import tiny_chat_model
-    from afm.serve import BatchingEngine
-    from afm.serve_app import serve_chat
+    from afm.models.engine import TransformersEngine
+    from afm.models.backends import EngineBackend
+    from afm.tools.llm import serve_in_thread
+    from afm.models.catalog import tiny_chat_model
+    from afm.models.batching import BatchingEngine
+    from afm.models.server import serve_chat
     model, tok = tiny_chat_model()
     server, url = serve_in_thread(serve_chat(EngineBackend(BatchingEngine(TransformersEngine(model, tok)))))
     yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)

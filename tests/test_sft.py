@@ -19,8 +19,8 @@ ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 def setup(tmp_path_factory, tiny_chat_folder):
     "A small tiny model folder, rows of the worked examples in the distilled layout, and a profile of its own."
     import shutil
-    from afm.coa import examples, render
-    from afm.prompts import system_prompt
+    from afm.format.coa import examples, render
+    from afm.tools.prompts import system_prompt
     tmp = tmp_path_factory.mktemp("sft")
     shutil.copytree(tiny_chat_folder, tmp / "model")
     kinds = {"web": "qa", "code": "code", "math": "math"}
@@ -48,7 +48,7 @@ def _losses(out):
 # Muon's state is ours to save and load: a resume must restore it
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_killed_run_resumes_and_finishes_like_an_uninterrupted_one(setup, optimizer):
-    from afm.sft import ELAPSED, SFTArgs, train_sft
+    from afm.sft.trainer import ELAPSED, SFTArgs, train_sft
     steps = ["--max_steps", "12", "--save_steps", "4", "--optimizer", optimizer]
     # the same settings, uninterrupted
     ref = train_sft(setup / "rows.jsonl", setup / f"whole-{optimizer}",
@@ -88,8 +88,8 @@ def ddp_run(setup):
 
 
 def test_two_processes_end_with_the_same_weights(setup, ddp_run):
-    from afm.models import load
-    from afm.training import weight_digest
+    from afm.models.catalog import load
+    from afm.sft.training import weight_digest
     done = json.loads((ddp_run / "sft.json").read_text())
     ranks = [(ddp_run / f"rank{i}.sha256").read_text() for i in range(2)]
     assert done["world_size"] == 2 and done["steps"] == 4 and ranks[0] == ranks[1]
@@ -103,7 +103,7 @@ def test_fsdp2_on_two_cpu_processes(setup, ddp_run):
     when saved), the saved model is the one DDP trains: sharding changes where the weights live, not what is trained."""
     import accelerate
     import torch
-    from afm.models import load
+    from afm.models.catalog import load
     out = setup / "fsdp2"
     cmd = [ACCELERATE, "launch", "--config_file", str(REPO / "configs" / "accelerate" / "fsdp2.yaml"),
            "--num_processes", "2", "--mixed_precision", "no",
@@ -149,7 +149,7 @@ def test_bad_input_is_one_clear_line(setup, args, says):
 
 
 def _args(setup, **kw):
-    from afm.sft import SFTArgs
+    from afm.sft.trainer import SFTArgs
     return SFTArgs(**{"model": str(setup / "model"), "max_steps": 2, "save_steps": 2, "batch_size": 1,
                       "val_fraction": 0.0, "learning_rate": 0.003, **kw})
 
@@ -173,8 +173,8 @@ def test_other_data_in_the_same_folder_is_refused_not_reported_finished(setup, t
 
 def test_a_resume_checks_the_data_too(setup, tmp_path):
     import shutil
-    from afm.sft import train_sft
-    from afm.sft_data import sft_rows
+    from afm.sft.trainer import train_sft
+    from afm.sft.data import sft_rows
     rows = [r for _, r in sft_rows(setup / "rows.jsonl")]
     out = tmp_path / "run"
     train_sft(rows, out, _args(setup), progress=False)
@@ -186,7 +186,7 @@ def test_a_resume_checks_the_data_too(setup, tmp_path):
 
 
 def test_a_run_that_failed_on_its_data_does_not_block_the_corrected_one(setup, tmp_path):
-    from afm.sft import train_sft
+    from afm.sft.trainer import train_sft
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="no trainable rows"):
         # every row longer than 40 tokens
@@ -221,7 +221,7 @@ def _bad_files(folder: Path, good: dict) -> list[tuple[Path, str]]:
 
 
 def test_bad_data_names_the_file_and_the_row(setup, tmp_path):
-    from afm.sft import train_sft
+    from afm.sft.trainer import train_sft
     good = json.loads((setup / "rows.jsonl").read_text().splitlines()[0])
     for path, says in _bad_files(tmp_path, good):
         with pytest.raises(ValueError) as e: train_sft(path, tmp_path / "out", _args(setup), progress=False)
@@ -230,7 +230,7 @@ def test_bad_data_names_the_file_and_the_row(setup, tmp_path):
 
 
 def test_a_huge_row_is_skipped_by_its_characters_before_tokenising(setup, tmp_path):
-    from afm.sft import train_sft
+    from afm.sft.trainer import train_sft
     good = json.loads((setup / "rows.jsonl").read_text().splitlines()[0])
     huge = {**good, "messages": [*good["messages"][:2], {"role": "assistant", "content": "<think>" + "ab " * 3_500_000
                                                          + "</think><answer>1</answer>"}]}
@@ -244,8 +244,8 @@ def test_a_huge_row_is_skipped_by_its_characters_before_tokenising(setup, tmp_pa
 
 
 def test_the_recipe_runs_stages_each_checking_its_own_identity(setup, tmp_path):
-    from afm.sft import train_sft
-    from afm.sft_recipe import sft_recipe
+    from afm.sft.trainer import train_sft
+    from afm.sft.recipe import sft_recipe
     args, out = _args(setup, copy_steps=2), tmp_path / "recipe"
     runs = sft_recipe(setup / "rows.jsonl", out, args, progress=False)
     assert list(runs) == ["copy", "sft"] and runs["copy"]["steps"] == runs["sft"]["steps"] == 2
@@ -281,9 +281,10 @@ def test_bench_sft_refuses_bad_input_in_one_line(setup):
 
 def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
     """The released AFM files as LLaMA-Factory registers them (alpaca: instruction, input, output; no kind) train as
-    they are: `afm sft` prints the share of rows that pass afm.coa.grammar_problems before training, skips the rest,
+    they are: `afm sft` prints the share of rows that pass afm.format.coa.grammar_problems before training, skips the
+    rest,
     and the model's card names the file."""
-    from afm.sft_data import conversation
+    from afm.sft.data import conversation
     rows = [json.loads(line) for line in (setup / "rows.jsonl").read_text().splitlines()]
     alpaca = []
     for i, r in enumerate(rows):
@@ -296,7 +297,7 @@ def test_a_released_alpaca_file_is_read_reported_and_carded(setup, tmp_path):
     r = subprocess.run([*_cmd(setup, tmp_path / "out", "--max_steps", "1", "--save_steps", "1"), "--data", str(path)],
                        capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"{path}: 13 rows (alpaca 13); 12 pass afm.coa.grammar_problems (92.3%); commonest "
+    assert (f"{path}: 13 rows (alpaca 13); 12 pass afm.format.coa.grammar_problems (92.3%); commonest "
             "problems: no <answer> (1)" in r.stdout), r.stdout
     done = json.loads((tmp_path / "out" / "sft" / "sft.json").read_text())
     assert done["skipped"] == {"no answer": 1} and done["rows"] == 12
@@ -310,7 +311,7 @@ def test_the_paper_scale_options_do_what_they_say(setup, tmp_path):
     save_total_limit keeps the newest checkpoints; checkpoints of save_only_model hold no optimiser state, and a run
     cut short on them is refused, not resumed."""
     import shutil
-    from afm.sft import train_sft
+    from afm.sft.trainer import train_sft
     plain = train_sft(setup / "rows.jsonl", tmp_path / "plain", _args(setup, max_steps=4, save_steps=1), progress=False)
     out = tmp_path / "paper"
     done = train_sft(setup / "rows.jsonl", out, _args(setup, max_steps=4, save_steps=1, gradient_checkpointing=True,

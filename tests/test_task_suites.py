@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from afm.grading import grade
-from afm.search import SearchIndex, wiki_documents
-from afm.tasks import SPLITS, gold_answer, load_benchmark
-from afm.world import default_world, world_documents, world_name, world_toolbox
-from afm.world_suites import GENERATED_SUITES, WORLD_SUITES, make_suites, verify_gold_path
+from afm.tasks.grading import grade
+from afm.tools.search import SearchIndex, wiki_documents
+from afm.tasks.task import SPLITS, gold_answer, load_benchmark
+from afm.tasks.world import default_world, world_documents, world_name, world_toolbox
+from afm.tasks.suites import GENERATED_SUITES, WORLD_SUITES, make_suites, verify_gold_path
 
 SIZES = {"sft": 200, "rl": 500, "val": 50, "test": 100}
 
@@ -76,14 +76,15 @@ def test_world_tasks_name_their_world_and_others_none(suites):
 
 
 def test_a_rollout_refuses_tasks_of_another_world_and_runs_those_of_its_own():
-    """As a new user would: the tasks of `afm.rl.rl_tasks(seed=7)` (four world suites, twelve each) and the default
+    """As a new user would: the tasks of `afm.rl.trainer.rl_tasks(seed=7)` (four world suites, twelve each) and the
+    default
     toolbox, which searches world 0. None of the 48 has its pages in that toolbox's index, so before the check every
     episode scored 0 without a word; now evaluation and rollout refuse in one line naming both worlds."""
-    from afm.engine import TransformersEngine
-    from afm.evaluate import evaluate, suite_tasks
-    from afm.models import tiny_chat_model
-    from afm.rollout import RolloutConfig, rollout
-    from afm.search import SearchConfig
+    from afm.models.engine import TransformersEngine
+    from afm.rollout.evaluate import evaluate, suite_tasks
+    from afm.models.catalog import tiny_chat_model
+    from afm.rollout.loop import RolloutConfig, rollout
+    from afm.tools.search import SearchConfig
     tasks = suite_tasks(12, "rl", WORLD_SUITES, seed=7)  # what rl_tasks(WORLD_SUITES, 12, seed=7) returns
     box = world_toolbox()
     index = box.config(SearchConfig).index

@@ -15,8 +15,8 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from afm import benchmarks_paper, grading, grading_validation, tasks, world_suites
-from afm.llm import BackendError, Endpoint, LLMClient
+from afm.tasks import grader_checks, grading, hub, suites, task
+from afm.tools.llm import BackendError, Endpoint, LLMClient
 
 HERE = Path(__file__).resolve().parent
 PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
@@ -27,7 +27,7 @@ PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
 
 
 def test_every_humaneval_gold_passes_and_every_stub_fails():
-    report = grading_validation.validate_code_grader(tasks.load_benchmark("humaneval"), workers=2, progress=False)
+    report = grader_checks.validate_code_grader(task.load_benchmark("humaneval"), workers=2, progress=False)
     print(f"\nHumanEval: {report['gold_passed']}/164 gold solutions pass, {report['stub_failed']}/164 `pass` stubs "
           f"fail, {report['seconds']} s; failures: {report['failures']}")
     assert report["problems"] == 164 and report["failures"] == []
@@ -35,9 +35,9 @@ def test_every_humaneval_gold_passes_and_every_stub_fails():
 
 
 def test_every_mmath_gold_answer_grades_itself_its_forms_and_not_a_wrong_number():
-    suites = {n: tasks.load_benchmark(n) for n in ("math500", "aime24", "aime25", "cnmo")}
+    suites = {n: task.load_benchmark(n) for n in ("math500", "aime24", "aime25", "cnmo")}
     assert {n: len(ts) for n, ts in suites.items()} == {"math500": 311, "aime24": 30, "aime25": 15, "cnmo": 18}
-    report = grading_validation.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
+    report = grader_checks.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
     print(f"\nMMATH: {report['answers']} gold answers, {report['with_numeric_form']} with a numeric surface form, "
           f"{report['seconds']} s; (passed, checked) per form: {report['forms']}; failures: {report['failures']}")
     assert report["answers"] == 374 and report["failures"] == []
@@ -52,12 +52,12 @@ TRICKY = ["", " ", "|||", "<answer></answer>", "<answer>", "\\boxed{", "\\boxed{
 
 def _hostile_suite() -> list:
     "One task of each kind (code tasks with a 1 s limit)."
-    return [tasks.Task("t/qa", "Capital of France?", ["Paris"], "qa", "t"),
-            tasks.Task("t/web", "Capital of France?", ["Paris", "Paname"], "web", "t", meta={"all_of": True}),
-            tasks.Task("t/math", "1/2?", ["\\frac{1}{2}"], "math", "t"),
-            tasks.Task("t/check", "inc", [], "code", "t", meta={"timeout_s": 1},
+    return [task.Task("t/qa", "Capital of France?", ["Paris"], "qa", "t"),
+            task.Task("t/web", "Capital of France?", ["Paris", "Paname"], "web", "t", meta={"all_of": True}),
+            task.Task("t/math", "1/2?", ["\\frac{1}{2}"], "math", "t"),
+            task.Task("t/check", "inc", [], "code", "t", meta={"timeout_s": 1},
                        tests={"style": "check", "code": "def check(f):\n    assert f(1) == 2", "entry_point": "inc"}),
-            tasks.Task("t/stdio", "echo", [], "code", "t", meta={"timeout_s": 1},
+            task.Task("t/stdio", "echo", [], "code", "t", meta={"timeout_s": 1},
                        tests={"style": "stdio", "cases": [{"input": "3", "output": "3"}]})]
 
 
@@ -94,14 +94,14 @@ def _folder(name: str) -> str:
 def test_hub_loaders_fail_at_once_offline(tmp_path):
     """In a fresh process with HF_HUB_OFFLINE=1 (read by huggingface_hub at import) and no data, every hub loader
     fails fast."""
-    names = sorted(set(tasks.benchmarks()) - set(PACKAGED) - set(world_suites.GENERATED_SUITES))
+    names = sorted(set(task.benchmarks()) - set(PACKAGED) - set(suites.GENERATED_SUITES))
     script = f"""
 import json, time
-from afm import benchmarks, grading, tasks, world_suites
+from afm.tasks import benchmarks, grading, suites, task
 out = []
 for name in {names!r}:
     t0 = time.perf_counter()
-    try: tasks.load_benchmark(name); out.append([name, "loaded", "", 0])
+    try: task.load_benchmark(name); out.append([name, "loaded", "", 0])
     except Exception as e: out.append([name, type(e).__name__, str(e), time.perf_counter() - t0])
 print(json.dumps(out))
 """
@@ -113,7 +113,7 @@ print(json.dumps(out))
     print(f"\n{len(results)} hub loaders failed offline in {time.perf_counter() - start:.1f} s (process included)")
     assert len(results) == len(names) == 22
     for name, kind, message, seconds in results:
-        source = benchmarks_paper.PAPER_SOURCES[_folder(name)]
+        source = hub.PAPER_SOURCES[_folder(name)]
         assert kind == "FileNotFoundError", (name, kind, message)
         assert seconds < 2, (name, seconds)
         assert str(tmp_path / _folder(name)) in message and "path=" in message, message
@@ -130,12 +130,12 @@ def test_no_dataset_is_downloaded_without_AFM_DOWNLOAD(tmp_path, monkeypatch):
     monkeypatch.setenv("AFM_DATA", str(tmp_path))
     for name in ("hotpotqa", "gaia", "afm-mhqa-rl", "livecodebench-v5"):
         start = time.perf_counter()
-        with pytest.raises(FileNotFoundError) as e: tasks.load_benchmark(name)
+        with pytest.raises(FileNotFoundError) as e: task.load_benchmark(name)
         message = str(e.value)
         assert (message.startswith(f"{name}: no local data in {tmp_path / _folder(name)}/")
                 and "\n" not in message), message
         assert "AFM_DOWNLOAD=1" in message and "$AFM_DATA" in message and "path=" in message, message
-        assert (benchmarks_paper.PAPER_SOURCES[_folder(name)].hub_id in message
+        assert (hub.PAPER_SOURCES[_folder(name)].hub_id in message
                 and time.perf_counter() - start < 1), message
 
 
@@ -145,7 +145,7 @@ def test_datasets_offline_flag_counts_too(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("AFM_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="HF_DATASETS_OFFLINE=1.*RUC-NLPIR/FlashRAG_datasets"):
-        tasks.load_benchmark("hotpotqa")
+        task.load_benchmark("hotpotqa")
 
 
 def test_an_unreachable_hub_counts_as_offline(tmp_path, monkeypatch):
@@ -156,7 +156,7 @@ def test_an_unreachable_hub_counts_as_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("AFM_DATA", str(tmp_path))
     start = time.perf_counter()
     with pytest.raises(FileNotFoundError, match=r"no connection to 127\.0\.0\.1 within 3 s.*cais/hle"):
-        tasks.load_benchmark("hle")
+        task.load_benchmark("hle")
     assert time.perf_counter() - start < 5
 
 
@@ -166,11 +166,11 @@ def test_local_data_wins_over_the_hub(tmp_path, monkeypatch):
     (tmp_path / "bamboogle").mkdir()
     (tmp_path / "bamboogle" / "test.jsonl").write_text(json.dumps({"id": "b1", "question": "Q?",
                                                                    "golden_answers": ["A"], "metadata": {}}) + "\n")
-    (only,) = tasks.load_benchmark("bamboogle")
+    (only,) = task.load_benchmark("bamboogle")
     assert only.id == "bamboogle/b1" and only.answers == ["A"]
     (tmp_path / "bamboogle" / "test.jsonl").write_text(json.dumps({"id": "b1", "question": "Q?"}) + "\n")
     with pytest.raises(ValueError, match=r"bamboogle/test\.jsonl:1: field 'golden_answers'"):
-        tasks.load_benchmark("bamboogle")
+        task.load_benchmark("bamboogle")
 
 
 # ----------------------------------------------------------------------------------------------------------- LLM judge
@@ -250,7 +250,7 @@ def _endpoint(server) -> LLMClient:
 
 
 def _web(question: str, answer: str = "Paris") -> "tasks.Task":
-    return tasks.Task(f"web/{abs(hash(question))}", question, [answer], "web", "test")
+    return task.Task(f"web/{abs(hash(question))}", question, [answer], "web", "test")
 
 
 def test_judge_speaks_the_openai_protocol(server):

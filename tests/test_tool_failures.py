@@ -6,9 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from afm.crawl import CrawlConfig
-from afm.search import Document, SearchConfig, SearchIndex
-from afm.tools import STATUSES, ReplayMiss, ToolBroken, ToolCache, ToolHealth, Toolbox
+from afm.tools.crawl import CrawlConfig
+from afm.tools.search import Document, SearchConfig, SearchIndex
+from afm.tools.toolbox import STATUSES, ReplayMiss, ToolBroken, ToolCache, ToolHealth, Toolbox
 
 PAGE = Document("https://world.example/wiki/Osmira",
                 "Osmira", "Osmira is a harbour town. Its bridge opened in 1962.", "world")
@@ -113,8 +113,8 @@ def test_the_cache_keeps_answers_not_failures(index, flaky, tmp_path):
 
 @pytest.mark.parametrize("limit", ["abc", None, "1e999", -5, 1e12, [1], {"s": 1}])
 def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
-    from afm.grading import grade
-    from afm.tasks import Task
+    from afm.tasks.grading import grade
+    from afm.tasks.task import Task
     task = Task("demo/t", "Print 3.", ["print(3)"], "code", "demo",
                 tests={"style": "stdio", "cases": [{"input": "", "output": "3\n"}]}, meta={"timeout_s": limit})
     assert grade(task, "print(3)") == 1.0 and grade(task, "print(4)") == 0.0
@@ -122,7 +122,7 @@ def test_a_bad_task_time_limit_does_not_make_grade_raise(limit):
 
 @pytest.mark.parametrize("timeout_s", [2.2e6, float("inf"), 0, -1])
 def test_sandbox_time_limits_are_bounded(timeout_s):
-    from afm.sandbox_run import run_python
+    from afm.tools.execution import run_python
     with pytest.raises(ValueError, match="timeout_s"): run_python("print(1)", timeout_s=timeout_s)
 
 
@@ -160,7 +160,7 @@ def test_a_busy_cache_is_a_miss_not_a_failed_call(index, tmp_path):
 
 
 def test_a_latin1_coding_cookie_does_not_garble_the_program():
-    from afm.sandbox_run import run_python
+    from afm.tools.execution import run_python
     for cookie in ("# coding: latin-1", "# -*- coding: iso-8859-1 -*-", "#!/usr/bin/env python\n# vim: set "
                                                                         "fileencoding=cp1252 :"):
         r = run_python(f"{cookie}\nprint('café ünïcode')")
@@ -168,7 +168,7 @@ def test_a_latin1_coding_cookie_does_not_garble_the_program():
 
 
 def test_deep_nesting_in_a_row_is_a_value_error_naming_it(tmp_path):
-    from afm.tasks import Task, read_jsonl
+    from afm.tasks.task import Task, read_jsonl
     deep = "[" * 100_000 + "]" * 100_000
     (tmp_path / "deep.jsonl").write_text('{"id": "x", "meta": ' + deep + "}\n")
     with pytest.raises(ValueError, match="deep.jsonl:1"): read_jsonl(tmp_path / "deep.jsonl")
@@ -179,8 +179,8 @@ def test_deep_nesting_in_a_row_is_a_value_error_naming_it(tmp_path):
 
 
 def _one_tool_box(fn, **kwargs):
-    from afm.coa import TAGS, TagRegistry
-    from afm.tools import Tool, ToolRegistry
+    from afm.format.coa import TAGS, TagRegistry
+    from afm.tools.toolbox import Tool, ToolRegistry
     return Toolbox(registry=ToolRegistry(TagRegistry(TAGS),
                                          tools=[Tool("rude", fn, "a tool that misbehaves", **kwargs)]))
 

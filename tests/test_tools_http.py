@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from afm.crawl import CrawlConfig, extractive_summary, fetch_page, llm_summary
-from afm.llm import Endpoint, LLMClient
-from afm.search import Document, RetrievalClient, SearchConfig, SearchIndex, SerperSearch, wiki_documents
-from afm.tools import ToolError, ToolTimeout, Toolbox
+from afm.tools.crawl import CrawlConfig, extractive_summary, fetch_page, llm_summary
+from afm.tools.llm import Endpoint, LLMClient
+from afm.tools.search import Document, RetrievalClient, SearchConfig, SearchIndex, SerperSearch, wiki_documents
+from afm.tools.toolbox import ToolError, ToolTimeout, Toolbox
 from conftest import AFM
 
 
