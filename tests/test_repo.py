@@ -388,3 +388,19 @@ def test_every_committed_chapter_keeps_the_figures_it_resumes_from():
                                check=True).stdout.split())
     missing = sorted(f for f in files if f.endswith("/run.json") and f.replace("run.json", "figures.json") not in files)
     assert missing == [], f"committed without their figures.json: {missing}"
+
+
+def test_parameter_cells_restate_no_profile_value():
+    """A chapter's parameters cell holds its CI defaults; what a profile sets lives in `settings.ini` alone, so a
+    comment that restated it (`tiny: 25`) went stale when the profile changed: none may."""
+    import re
+    from afm.core.chapters import CHAPTERS
+    restated = re.compile(r"\b(?:tiny|smol|tiny-study|paper-[\w-]+)(?: profile)?: *\d|\bprofiles?: *\d")
+    found = []
+    for c in CHAPTERS:
+        cells = json.loads((REPO / "nbs" / f"{c.path}.ipynb").read_text())["cells"]
+        for cell in cells:
+            if "parameters" in cell.get("metadata", {}).get("tags", []):
+                found += [f"{c.notebook}: {line.strip()}" for line in "".join(cell["source"]).splitlines()
+                          if "#" in line and restated.search(line.split("#", 1)[1])]
+    assert not found, found
