@@ -11,7 +11,8 @@ import datasets
 import pytest
 
 from afm.format.coa import Trajectory, counts, grammar_problems
-from afm.teacher.distill import DISTILL_SUITES, read_runs
+from afm.tasks.suites import GENERATED_SUITES
+from afm.teacher.distill import read_runs
 from afm.tasks.grading import grade
 from afm.tasks.task import load_benchmark
 from afm.tools.toolbox import TOOLS
@@ -41,7 +42,7 @@ def crashed(tmp_path_factory):
     proc.wait()
     written = runs.read_bytes()
     finished = written[: written.rfind(b"\n") + 1].splitlines()  # the runs written whole before the kill
-    assert 10 <= len(finished) < 12 * len(DISTILL_SUITES), len(finished)
+    assert 10 <= len(finished) < 12 * len(GENERATED_SUITES), len(finished)
     with runs.open("a") as f: f.write('{"task_id": "half a line')  # a crash in the middle of a write
     return out, finished, subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
 
@@ -55,11 +56,11 @@ def test_distill_survives_a_crash_and_resumes(crashed):
     assert after[: len(finished)] == finished
     # ... and the resumed process ran only the rest: nothing lost, nothing twice
     ids = [r.task_id for r in read_runs(runs)]
-    assert len(after) == len(ids) == len(set(ids)) == 12 * len(DISTILL_SUITES)
+    assert len(after) == len(ids) == len(set(ids)) == 12 * len(GENERATED_SUITES)
     assert {json.loads(line)["task_id"] for line in finished}.isdisjoint(json.loads(line)["task_id"]
                                                                          for line in after[len(finished):])
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["tasks"] == 12 * len(DISTILL_SUITES) and stats["dataset_rows"] > 0
+    assert stats["tasks"] == 12 * len(GENERATED_SUITES) and stats["dataset_rows"] > 0
 
 
 def test_every_kept_trajectory_is_clean_correct_and_real(crashed):
@@ -67,7 +68,7 @@ def test_every_kept_trajectory_is_clean_correct_and_real(crashed):
     out, _, r = crashed
     assert r.returncode == 0, r.stderr[-3000:]
     ds = datasets.load_from_disk(str(out / "dataset"))
-    tasks = {t.id: t for s in DISTILL_SUITES for t in load_benchmark(s, split="sft", sizes={"sft": 12})}
+    tasks = {t.id: t for s in GENERATED_SUITES for t in load_benchmark(s, split="sft", sizes={"sft": 12})}
     kinds = Counter()
     for row in ds:
         t = Trajectory.from_json(row["trajectory"])

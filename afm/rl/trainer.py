@@ -23,14 +23,15 @@ from ..core.runs import RunFolder, step_of
 from ..models.engine import Engine
 from .health import GUARDS, GuardStop, health_callback, health_sums, keep_health, log_health, read_health
 from ..rollout.loop import Episode, RolloutConfig, rollout, turn_seed
+from ..tasks.suites import WORLD_SUITES
 from ..tasks.task import Task, check_world
 from ..tools.toolbox import Toolbox
 from ..sft.training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
 
 # %% auto #0
-__all__ = ['RL_SUITES', 'CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty',
-           'episode_reward', 'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'rl_batch', 'rl_config',
-           'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
+__all__ = ['CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty', 'episode_reward',
+           'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'rl_batch', 'rl_config', 'rl_trainer',
+           'train_rl', 'sft_start', 'cli_rl']
 
 # %% ../../nbs/rl/10a_trainer.ipynb #bd45f9b6
 @dataclass(frozen=True)
@@ -119,9 +120,6 @@ def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
     return profile_config(RLArgs, profile, "rl_", where=where, known=known, **{**shared, **overrides})
 
 # %% ../../nbs/rl/10a_trainer.ipynb #0b301f5e
-RL_SUITES = ("world-atomic", "world-depth", "world-width", "world-compute")  # the generated QA suites
-
-
 def check_rl_set(suites: Any, per_suite: Any, where: str = "") -> list[str]:
     "`suites` as a list of suite names, or a one-line ValueError unless it is one and `per_suite` is at least 1."
     at, example = f" in {where}" if where else "", 'e.g. rl_suites = ["world-atomic"] (--suites world-atomic)'
@@ -136,7 +134,8 @@ def check_rl_set(suites: Any, per_suite: Any, where: str = "") -> list[str]:
     return list(suites)
 
 # %% ../../nbs/rl/10a_trainer.ipynb #6d929f59
-def rl_tasks(suites: Sequence[str] = RL_SUITES, per_suite: int = 100, scale: float = 1.0, seed: int = 0) -> list[Task]:
+def rl_tasks(suites: Sequence[str] = WORLD_SUITES, per_suite: int = 100, scale: float = 1.0,
+             seed: int = 0) -> list[Task]:
     "The first `per_suite` tasks of the `rl` split of each suite: what RL trains on, entities SFT and tests never saw."
     from afm.rollout.evaluate import suite_tasks
     return suite_tasks(per_suite, "rl", check_rl_set(suites, per_suite), scale, seed)
@@ -575,7 +574,7 @@ def cli_rl(argv: list[str] | None = None) -> int:
         if "rl_model" not in prof: defaults["model"] = ""  # the SFT model, looked up after parsing: --help needs none
         args, a = parse_configs(p, argv, RLArgs, defaults=defaults)
         flags = [s.strip() for s in (a.suites or "").split(",") if s.strip()]
-        suites = prof.get("rl_suites", RL_SUITES) if a.suites is None else flags
+        suites = prof.get("rl_suites", WORLD_SUITES) if a.suites is None else flags
         per = prof.get("rl_tasks_per_suite", 100) if a.tasks_per_suite is None else a.tasks_per_suite
         suites = check_rl_set(suites, per, where)  # before anything loads
         if not args.model: args = replace(args, model=str(sft_start(known.profile, prof)))

@@ -34,10 +34,10 @@ from ..tasks.world import ToolSizes, tool_sizes, world_documents
 from ..tasks.suites import GENERATED_SUITES
 
 # %% auto #0
-__all__ = ['Stage', 'DISTILL_SUITES', 'BRAINS', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig',
-           'redundant_inputs', 'complexity', 'quality', 'reflection_enrichment', 'Deduplicate', 'default_stages',
-           'stage_name', 'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'ToolboxConfig',
-           'DistillConfig', 'distill', 'strategy_figures', 'cli_distill']
+__all__ = ['Stage', 'BRAINS', 'linearize', 'read_runs', 'teacher_identity', 'generate_runs', 'FilterConfig', 'redundant_inputs',
+           'complexity', 'quality', 'reflection_enrichment', 'Deduplicate', 'default_stages', 'stage_name',
+           'filter_trajectories', 'to_dataset', 'write_card', 'save_dataset', 'ToolboxConfig', 'DistillConfig',
+           'distill', 'strategy_figures', 'cli_distill']
 
 # %% ../../nbs/teacher/05_distill.ipynb #9af4dd4e
 def linearize(run: MASRun, task: Task) -> Trajectory:
@@ -361,7 +361,6 @@ class ToolboxConfig:
         return Toolbox([search, CrawlConfig(summary_chars=z.summary_chars, summarizer=summarizer)], online=self.online)
 
 # %% ../../nbs/teacher/05_distill.ipynb #1756daae
-DISTILL_SUITES = ["world-atomic", "world-depth", "world-width", "world-compute", "gsm-symbolic", "code-gen"]
 BRAINS = ("offline", "openai")
 
 
@@ -370,7 +369,7 @@ class DistillConfig:
     """What to distil and how; the teacher (its habits, or its endpoint), the tools and the filter are configs of their
     own."""
     tasks_per_suite: int = field(default=200, metadata={"help": "sft-split tasks per suite the teacher solves"})
-    suites: list[str] = field(default_factory=lambda: list(DISTILL_SUITES), metadata={"help": "the suites distilled"})
+    suites: list[str] = field(default_factory=lambda: list(GENERATED_SUITES), metadata={"help": "the suites distilled"})
     suite_tasks: dict = field(default_factory=dict, metadata={
         "help": "tasks of particular suites, instead of tasks_per_suite", "cli": False})
     tasks: str = field(default="", metadata={
