@@ -23,7 +23,7 @@ from fastcore.basics import patch
 
 from .engine import Engine, Generation, Request, SamplingParams, TransformersEngine, reason
 from ..tools.llm import Completion, check_request
-from .catalog import chat_prompt_ids
+from .catalog import chat_prompt_ids, load, model_path
 
 # %% auto #0
 __all__ = ['ENGINES', 'DTYPES', 'VLLM_MISSING', 'check_fits', 'cut_at_stop', 'text_of', 'EngineBackend', 'VLLMEngine',
@@ -191,7 +191,6 @@ def build_engine(model, engine: str = "hf", device: str = "auto", dtype: str = "
     of
     `max_batch` rows on `device` in `dtype`; `vllm`, a `VLLMEngine` on the GPU (`vllm_args` go to `vllm.LLM`). Options
     are checked first."""
-    from afm.models.catalog import load, model_path
     opts = engine_options(engine, device, dtype)
     # the folder from `model_path`: the one download policy, and a missing model named before vLLM starts
     if opts["engine"] == "vllm": return VLLMEngine(str(model_path(str(model))), dtype=opts["dtype"], **vllm_args)

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from ..format.coa import TagRegistry, Trajectory, neutral, render, tag_words
 from ..core.files import cache_dir, package_dir
-from ..core.settings import check_fields
+from ..core.settings import check_fields, load_profile, profile_config
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,6 @@ LOCAL_MODELS = ("tiny", SMOL_NAME, "smol")
 
 def tiny_config(profile: str = "tiny") -> TinyConfig:
     "The `TinyConfig` a profile of settings.ini sets with its `tiny_*` keys (the defaults where it sets none)."
-    from afm.core.settings import load_profile, profile_config
     return profile_config(TinyConfig, load_profile(profile), "tiny_", where=f"settings.ini [{profile}]")
 
 # %% ../../nbs/models/06_catalog.ipynb #ac2c11b9

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..format.coa import Trajectory, stop_strings
+from ..format.coa import TAGS, Step, Trajectory, parse, stop_strings
 from ..format.masks import encode
 from ..core.runs import identity_digest
-from .catalog import chat_prompt_ids, decode
+from .catalog import chat_prompt_ids, decode, load, save_model, tiny_chat_model
 from ..tools.prompts import system_prompt
-from ..tasks.task import Task
+from ..tasks.task import Task, load_benchmark
 from ..tools.toolbox import Toolbox
 
 # %% auto #0
@@ -71,11 +71,9 @@ def fit_ids(model, tokenizer, rows: Sequence[tuple[list[int], list[int]]], steps
 def one_search_examples(tasks: int = 40, box: Toolbox | None = None) -> list[tuple[Task, Trajectory]]:
     """(task, trajectory) pairs over the first `tasks` `world-atomic` `sft` questions that the offline teacher
     answers: one search, then the answer."""
-    from afm.format.coa import Step
     from afm.teacher.distill import linearize
     from afm.teacher.mas import MultiAgentSystem
     from afm.teacher.offline import OfflineTeacher
-    from afm.tasks.task import load_benchmark
     from afm.tasks.world import tool_sizes, world_toolbox
     box = box or world_toolbox(tool_sizes("tiny"))
     # the teacher picks the queries; `box` answers them
@@ -94,7 +92,6 @@ def calls_tools(model, tokenizer, tasks: Sequence[Task], system: str | None = TI
     """The share of first turns on `tasks` (greedy, or `samples` a task sampled at `temperature`) that are one
     well-formed tool call: the turn parses with nothing wrong but the answer still to come, and ends at a tool's
     closing tag."""
-    from afm.format.coa import TAGS, parse
     from afm.models.engine import Request, SamplingParams, TransformersEngine
     prompts = [chat_prompt_ids(tokenizer,
                                [{"role": "system", "content": system_prompt(t.kind) if system is None else system},
@@ -130,7 +127,6 @@ def tool_caller_start(tasks: int = 40, seed: int = 0, box: Toolbox | None = None
     the untrained `tiny` of `seed`, its token rows (`fit_rows` of `one_search_examples(tasks, box)`), and the folder
     under `afm.core.files.cache_dir` named by the fit's identity (`FIT` with `settings` over it)."""
     from afm.core.files import cache_dir
-    from afm.models.catalog import tiny_chat_model
     examples, (model, tok) = one_search_examples(tasks, box), tiny_chat_model(seed)
     rows = fit_rows(tok, examples, system=TINY_SYSTEM)
     fit = fit_identity(rows, {"config": model.config.to_dict(), "seed": seed}, **{**FIT, **settings})
@@ -142,7 +138,6 @@ def tool_calling_tiny(tasks: int = 40, seed: int = 0, box: Toolbox | None = None
     time until its greedy first turns call a tool on `min_rate` of its training questions and its first turns sampled
     at `probe_temperature` are well-formed `min_sampled` of the time (`FIT`, `settings` over it); cached in the folder
     `tool_caller_start` names."""
-    from afm.models.catalog import load, save_model
     s = {**FIT, **settings}
     model, tok, rows, examples, path = tool_caller_start(tasks, seed, box, **settings)
     greedy, hot = [t for t, _ in examples[:8]], [t for t, _ in examples[:16]]

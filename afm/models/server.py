@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
-from ..core.settings import check_range
+from ..core.settings import check_range, load_profile
 from .engine import Request, SamplingParams, reason
 from .backends import DTYPES, ENGINES, EngineBackend, build_engine, engine_options, text_of
 from ..tools.llm import TEMPERATURE, TOP_P, ChatBackend
@@ -416,7 +416,6 @@ def cli_serve(argv: list[str] | None = None) -> int:
     """`afm serve model`: an OpenAI-compatible server over a model (chat completions, completions, models, health), on
     a CPU or a GPU."""
     import math, sys
-    from afm.core.settings import load_profile
     a = _serve_parser().parse_args(argv)
 
     def refuse(why: str) -> int:

@@ -20,11 +20,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from ..core.files import progress_bar, read_json, write_json
+from ..core.files import code_digest, git_commit, portable, progress_bar, read_json, repo_root, write_json
 from ..core.runs import identity_gap
 from ..models.engine import Engine
-from .loop import Episode, RolloutConfig, rollout
-from ..tasks.task import Task
+from .loop import Episode, RolloutConfig, rollout, rollout_config
+from ..tasks.task import Task, load_benchmark
 from ..tools.toolbox import Toolbox
 from ..tasks.suites import GENERATED_SUITES
 
@@ -80,7 +80,6 @@ def suite_tasks(per_suite: int, split: str = "test", suites: Sequence[str] = EVA
                 seed: int = 0) -> list[Task]:
     """The first `per_suite` tasks of `split` of each suite or benchmark of `afm.tasks.task.load_benchmark`; at most
     `MAX_GENERATED` of a generated suite (its generator would search on for questions the world does not hold)."""
-    from afm.tasks.task import load_benchmark
     if per_suite > MAX_GENERATED and (big := [s for s in suites if s in GENERATED_SUITES]):
         raise ValueError(f"{per_suite} questions per suite: the generated suite {big[0]} gives at most {MAX_GENERATED} "
                          "of a split")
@@ -95,7 +94,6 @@ def suite_chance(tasks: Sequence[Task], scale: float = 1.0, seed: int = 0) -> di
     """The chance score (`afm.tasks.chance.chance_baseline`) of each generated suite on its tasks among `tasks`, with
     the
     suite's `sft` split as what a guesser may have learned from: the number that stands beside every figure."""
-    from afm.tasks.task import load_benchmark
     from afm.tasks.chance import chance_baseline
     groups: dict[str, list[Task]] = {}
     for t in tasks: groups.setdefault(t.source, []).append(t)
@@ -356,7 +354,6 @@ def weights_stamp(model: str | Path) -> dict:
 def eval_identity(model: dict | str, tasks: Sequence[Task], config: RolloutConfig, k: int = 1, sizes=None) -> dict:
     """What makes a records file: the model (`weights_stamp`, or a name), the tasks and their splits, samples per
     task, the rollout config, tool sizes and the code."""
-    from afm.core.files import code_digest
     model = model if isinstance(model, dict) else {"model": str(model), "weights": None}
     return json.loads(json.dumps({**model, "tasks": [t.id for t in tasks], "splits": sorted({t.split for t in tasks}),
                                   "k": k, "rollout": asdict(config), "tools": str(sizes),
@@ -458,7 +455,6 @@ def log_test(path: Path, identity: dict, tasks: Sequence[Task]) -> dict | None:
     records file `path` as `identity`; the line written (None with no ledger)."""
     import datetime
     import fcntl
-    from afm.core.files import git_commit, portable, repo_root
     if not (ledger := os.environ.get(TEST_LEDGER)): return None
     try: root = repo_root()
     except FileNotFoundError: root = None  # no clone here
@@ -524,7 +520,6 @@ def eval_config(profile: str | dict = "tiny", sampled: bool | None = None, where
     `sampled=True`: the profile's sampling (`eval_temperature`, `eval_top_p`, else the rollout's); None: sampled when
     the profile sets `eval_temperature`, else greedy."""
     from afm.core.settings import load_profile
-    from afm.rollout.loop import rollout_config
     prof = load_profile(profile) if isinstance(profile, str) else profile
     where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
     config = rollout_config(prof, "eval", where)  # every key checked, whichever decoding this evaluation takes

@@ -20,12 +20,12 @@ from ..format.coa import (TAGS, Accounting, Tag, TagRegistry, Trajectory, gramma
                             parse,
                      stop_strings, tag_words)
 from ..core.files import progress_bar
-from ..core.settings import FieldTypeError, check_fields
-from ..models.engine import SEEDS, Engine, Generation, Request, SamplingParams
+from ..core.settings import FieldTypeError, check_fields, load_profile, profile_config
+from ..models.engine import SEEDS, Engine, GenerateEngine, Generation, Request, SamplingParams, TransformersEngine
 from ..tools.llm import TEMPERATURE, TOP_P, count_tokens
-from ..models.catalog import chat_prompt_ids, control_tokens, decode
+from ..models.catalog import chat_prompt_ids, control_tokens, decode, load
 from ..tools.prompts import system_prompt
-from ..tasks.task import Task, check_world
+from ..tasks.task import Task, check_world, load_benchmark
 from ..tools.toolbox import TOOL_TIMEOUT, ReplayMiss, ToolBroken, Toolbox
 
 # %% auto #0
@@ -149,7 +149,6 @@ def rollout_config(profile: str | dict = "tiny", use: str | None = None, where: 
     """The `RolloutConfig` of a profile (its name in settings.ini, or its keys): its `rollout_*` keys and
     `system_style`, then for `use` (`"eval"` or `"rl"`, `USES`) its `<use>_<field>` keys over them, then `overrides`."""
     from afm.core.chapters import chapter_keys
-    from afm.core.settings import load_profile, profile_config
     if use is not None and use not in USES:
         raise ValueError(f"rollout_config: use must be None or one of {', '.join(USES)}, got {use!r}")
     prof = load_profile(profile) if isinstance(profile, str) else profile
@@ -475,7 +474,6 @@ def bench_rollout(model, tokenizer, tasks: Sequence[Task], box: Toolbox, config:
     tool-wait share. The arms take turns `rounds` times, in alternating order (batched, one at a time, library; then the
     reverse), and each arm's figures count all its rounds: a load that changes during the benchmark weighs on every arm
     alike."""
-    from afm.models.engine import GenerateEngine, TransformersEngine
     arms = {"batched": TransformersEngine(model, tokenizer, max_batch=16),
             "single": TransformersEngine(model, tokenizer, max_batch=1),
             "library": GenerateEngine(model, tokenizer, max_batch=16)}
@@ -507,7 +505,6 @@ def cli_bench(argv: list[str] | None = None) -> int:
     """`afm bench rollout`: rollouts of the tool-calling tiny model batched, one at a time and the library way, side
     by side."""
     from afm.core.args import ArgParser
-    from afm.tasks.task import load_benchmark
     from afm.tasks.world import tool_sizes, world_toolbox
     p = ArgParser(prog="afm bench rollout", description=cli_bench.__doc__)
     p.add_argument("--tasks", type=int, default=32, help="world-atomic test questions (default 32)")
@@ -519,7 +516,6 @@ def cli_bench(argv: list[str] | None = None) -> int:
     try: box = world_toolbox(tool_sizes(a.profile))
     except (KeyError, ValueError) as e: p.error(str(e.args[0]))
     if a.model:
-        from afm.models.catalog import load
         model, tok, system = *load(a.model), None
     else:
         from afm.models.fit import TINY_SYSTEM, tool_calling_tiny

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..format.coa import TAGS, TagRegistry, neutral, parse, segments
 from ..format.masks import IGNORE_INDEX, encode_segments
 from ..core.files import data_dir
-from ..models.catalog import chat_prompt_ids, control_tokens
+from ..models.catalog import build_tiny, chat_prompt_ids, control_tokens, load, tiny_config
 from .trainer import SFTArgs, check_context, sft_args, train_sft
 from .data import conversation, data_report, report_line, sft_rows, tokenised
 
@@ -49,7 +49,6 @@ def world_texts(scale: float = 1.0, seed: int = 0) -> list[str]:
 def tiny_for(data, cfg=None) -> Path:
     """`tiny` for SFT on `data`: its tokenizer trained on the world's pages and the rows' text, sized by `cfg` (the
     profile's `tiny_*` keys); cached."""
-    from afm.models.catalog import build_tiny, tiny_config
     rows = [" ".join(t for t in conversation(r, where) if t) for where, r in sft_rows(data)]
     return build_tiny(cfg or tiny_config(), world_texts() + rows)
 
@@ -89,7 +88,6 @@ def sft_recipe(data, out: Path | str, args: SFTArgs | None = None, lm_texts=None
     """The SFT recipe on `data` into `out`: from `args.model` (`start_model`), the language-modelling pass over
     `lm_texts` (default: the world's pages) in `out/lm`, the copy curriculum in `out/copy`, then SFT in `out/sft`,
     each stage that `args` asks for a `train_sft` run of its own; their figures, by stage name."""
-    from afm.models.catalog import load
     args, out = args or SFTArgs(), Path(out)
     start = start_model(args.model, data)
     stage = replace(args, model=start, lm_epochs=0.0, lm_max_steps=-1, copy_steps=0)  # what every stage shares

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..format.masks import IGNORE_INDEX
-from ..core.settings import check_fields
+from ..core.settings import check_fields, check_value, profile_config
 from ..core.runs import RunFolder
 from .data import SEGMENT_ATTENTION, packed_rows, register_segment_attention, sft_dataset, sft_rows
 from .training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
@@ -131,7 +131,6 @@ def sft_args(profile: dict, where: str = "settings.ini", **overrides) -> SFTArgs
     """Profile `profile`'s `SFTArgs` (keys `sft_<field>`; shared `model` and `seed` unless overridden there), then
     `overrides`."""
     from afm.core.chapters import chapter_keys
-    from afm.core.settings import check_value, profile_config
     shared = {k: check_value(SFTArgs, k, profile[k], f"{where}: {k}")
               for k in ("model", "seed") if k in profile and f"sft_{k}" not in profile}
     known = chapter_keys("sft", "sft_")  # the SFT chapter's parameters (09c_recipe): its own keys

@@ -445,7 +445,6 @@ _JUDGES: dict[tuple, LLMJudge] = {}
 
 def default_judge() -> LLMJudge | None:
     "The judge configured by `AFM_JUDGE_BASE_URL` / `_MODEL` / `_API_KEY` (cache file: `AFM_JUDGE_CACHE`), or None."
-    from afm.tools.llm import LLMClient
     key = tuple(os.environ.get(f"AFM_JUDGE_{k}", "") for k in ("BASE_URL", "MODEL", "API_KEY", "CACHE"))
     if not key[0]: return None
     if key not in _JUDGES: _JUDGES[key] = LLMJudge(LLMClient.from_env("AFM_JUDGE"), cache_path=key[3] or None)

@@ -10,8 +10,8 @@ import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
-from ..core.settings import check_fields
-from ..tools.search import Document
+from ..core.settings import check_fields, check_range, load_profile, profile_config
+from ..tools.search import Document, SearchConfig, default_index, wiki_documents
 
 # %% auto #0
 __all__ = ['WORLD_HOST', 'Entity', 'WorldConfig', 'World', 'make_world', 'scaled_config', 'default_world', 'world_documents',
@@ -230,7 +230,6 @@ def scaled_config(scale: float = 1.0, seed: int = 0) -> WorldConfig:
 @functools.lru_cache(maxsize=2)
 def default_world(scale: float = 1.0, seed: int = 0) -> World:
     "The world every stage shares for a profile; names avoid the Wikipedia titles of the search corpus."
-    from afm.tools.search import wiki_documents
     world = make_world(scaled_config(scale, seed), forbidden=[d.title for d in wiki_documents()])
     return replace(world, name=world_name(scale, seed))
 
@@ -263,14 +262,12 @@ class ToolSizes:
     def of(cls, box) -> ToolSizes:
         "The sizes the search and crawl configs of toolbox `box` use."
         from afm.tools.crawl import CrawlConfig
-        from afm.tools.search import SearchConfig
         s, c = box.config(SearchConfig), box.config(CrawlConfig)
         return cls(s.web_k, s.snippet_chars, s.wiki_k, s.wiki_chars, c.summary_chars)
 
 # %% ../../nbs/tasks/03a_world.ipynb #7829c444
 def tool_sizes(profile: str | dict = "tiny", where: str | None = None) -> ToolSizes:
     "The `ToolSizes` of a profile (its name in settings.ini, or its keys), type-checked."
-    from afm.core.settings import load_profile, profile_config
     prof = load_profile(profile) if isinstance(profile, str) else profile
     return profile_config(ToolSizes, prof, "tools_",
                           where=where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini"))
@@ -280,7 +277,6 @@ def world_toolbox(sizes: ToolSizes | None = None, scale: float = 1.0, seed: int 
     """A `Toolbox` over the pages of the default world of `scale` and `seed` and the Wikipedia summaries, whose results
     have `sizes` and which knows its world (`Toolbox.world`); `kwargs` go to `Toolbox`."""
     from afm.tools.crawl import CrawlConfig
-    from afm.tools.search import SearchConfig, default_index
     from afm.tools.toolbox import Toolbox
     z = sizes or ToolSizes()
     search = SearchConfig(index=default_index(extra=world_documents(scale, seed)), web_k=z.web_k,
@@ -292,7 +288,6 @@ def profile_world(profile: str | dict = "tiny", where: str | None = None) -> tup
     """The world of a profile (its name in settings.ini, or its keys): its `world_scale` (default 1.0) and `seed`
     (default 0), checked. Its tasks are drawn from this world (`suite_tasks(..., *profile_world(p))`) and its tools
     search it (`profile_toolbox`)."""
-    from afm.core.settings import check_range, load_profile
     prof = load_profile(profile) if isinstance(profile, str) else profile
     where = where or (f"settings.ini [{profile}]" if isinstance(profile, str) else "settings.ini")
     scale = check_range(f"{where}: world_scale", prof.get("world_scale", 1.0), "(0, 100]")

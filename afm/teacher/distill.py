@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from ..format.coa import Accounting, Step, Trajectory, counts, grammar_problems, render
 from ..core.args import parse_configs, stage_parser, stage_profile
-from ..core.files import DATA_SUFFIXES, data_dir, progress_bar
+from ..core.files import DATA_SUFFIXES, code_digest, data_dir, progress_bar
 from ..core.settings import check_fields, check_value, profile_config
 from ..tasks.grading import default_judge, grade
 from ..tools.llm import ChatBackend, Endpoint, LLMClient
@@ -78,7 +78,6 @@ def teacher_identity(mas: MultiAgentSystem) -> dict[str, Any]:
     """What makes recorded runs reusable: the brain, its configuration (an LLM brain's sampling settings), the tools'
     result sizes and the code of the MAS and the offline teacher (a hash of `afm/teacher/mas.py` and
     `afm/teacher/offline.py`)."""
-    from afm.core.files import code_digest
     config = getattr(mas.brain, "config", None)
     if config is None and is_dataclass(mas.brain):
         config = {f.name: v for f in fields(mas.brain)

@@ -429,7 +429,7 @@ def pool_status() -> dict:
 def bench_sandbox(runs: int = 20, workers: int = 2) -> dict[str, Any]:
     """`print(1)` through `run_python`, with the warm pool and cold, each next to a plain `python3 -c` timed under the
     same conditions (median ms), how many runs the pool actually served, and runs/s under sustained load."""
-    import statistics, subprocess
+    import statistics
     from concurrent.futures import ThreadPoolExecutor
     def boxed() -> tuple[float, ExecResult]:
         t0 = time.perf_counter()
