@@ -10,16 +10,18 @@ FIT = ("from afm.models.fit import tool_calling_tiny; from afm.sft.training impo
        "model, _ = tool_calling_tiny(); print(model.name_or_path); print(weight_digest(model))")
 
 
-def test_two_empty_caches_fit_the_same_weights(tmp_path):
-    caches = [tmp_path / "a", tmp_path / "b"]
-    procs = [subprocess.Popen([sys.executable, "-c", FIT], env={**ENV, "AFM_CACHE": str(c)}, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in caches]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
-    (folder_a, digest_a), (folder_b, digest_b) = (o.split()[-2:] for o, _ in outs)
-    assert folder_a.startswith(str(caches[0])) and folder_b.startswith(str(caches[1]))  # each fitted into its own
-    assert os.path.basename(folder_a) == os.path.basename(folder_b)  # under the same identity
-    assert digest_a == digest_b, "two fits of the same identity gave other weights"
+def test_two_empty_caches_fit_the_same_weights(tmp_path, tool_caller_folder):
+    """The session's test model (fitted into `make test`'s own cache, emptied when it began) and a fit into an empty
+    cache of this test's own: the same folder name (the fit's identity) and the same weights."""
+    from afm.models.catalog import load
+    from afm.sft.training import weight_digest
+    p = subprocess.run([sys.executable, "-c", FIT], env={**ENV, "AFM_CACHE": str(tmp_path / "cache")}, cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    folder, digest = p.stdout.split()[-2:]
+    assert folder.startswith(str(tmp_path / "cache"))  # fitted anew, into its own cache
+    assert os.path.basename(folder) == tool_caller_folder.name  # under the same identity
+    assert digest == weight_digest(load(str(tool_caller_folder))[0]), "two fits of one identity gave other weights"
 
 
 def test_make_test_reads_no_cache_it_did_not_build():
