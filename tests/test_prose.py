@@ -33,7 +33,7 @@ def test_a_report_card_states_only_its_records_figures(path):
     """The card as `write_reports` writes it from each committed record, and the committed card beside it: nothing
     else is cited."""
     from afm.report.card import report_card
-    from afm.report.results import paper_results
+    from afm.report.tables import paper_results
     record = json.loads(path.read_text())
     own = sources(record, paper_results())
     assert unsourced(report_card(record), own) == []

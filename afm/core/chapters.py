@@ -127,6 +127,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("10a_trainer", "rl.trainer", pipeline=False, commands=("rl",)),
     Chapter("10b_bench", "rl.bench", commands=("bench rl",), reports="rl_bench"),
     Chapter("10c_study", "rl.study", reports="rl"),
+    Chapter("11_tables", "report.tables", pipeline=False),
     Chapter("11_results", "report.results"),
     Chapter("11a_browse", "report.browse", pipeline=False, commands=("browse",)),
     Chapter("11b_record", "report.record", pipeline=False),

@@ -3,9 +3,14 @@ the pipeline driver (`afm run`).
 
 Its modules, in the order data flows:
 
-- `afm.report.results` (11_results): The efficiency study (the teacher's multi-agent system against the CoA model on
-  the same tasks), test-time scaling (pass@k and Best-of-N), and the paper's tables with this repository's numbers
-  beside the published ones, every row labelled.
+- `afm.report.tables` (11_tables): What the results chapter reports with: the bill of a teacher run and of a CoA
+  episode, the efficiency and test-time scaling rows, the paper's tables with ours beside them, the generated suites
+  and the ablations from each profile's record, a table written as markdown and CSV, and the rows of the README's
+  results table.
+- `afm.report.results` (11_results): The studies a run reports, one registration each (how it runs, its tables and
+  their reading, its figures and plot, its rows of the README): efficiency (the teacher's multi-agent system against
+  the CoA model), test-time scaling, benchmark scores, and the paper's tables, the generated suites and the
+  ablations from the records, rows labelled.
 - `afm.report.browse` (11a_browse): One static page of trajectories, the teacher's, the distilled rows' and models'
   side by side, with filters.
 - `afm.report.record` (11b_record): What a run of the pipeline records besides its figures: the package versions,

@@ -9,13 +9,15 @@ import json
 import math
 import re
 from collections import Counter
+from html import escape
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..core.args import ArgParser
 from ..format.coa import TAGS, TagRegistry, Trajectory
-from ..core.files import read_rows
+from ..core.files import data_dir, read_json, read_rows
 from ..teacher.mas import MASRun
+from ..tasks.grading import MAX_PREDICTION_CHARS, answer_text, grade, normalize_answer, split_answers
 from ..tasks.task import Task
 
 # %% auto #0
@@ -54,7 +56,6 @@ def grade_reason(task: Task, answer: str | None, reward: float) -> str:
     """Why `answer` to `task` scored `reward`, by the rule `afm.tasks.grading.grade` applied: nothing to grade, a
     hedge, a
     normalised exact match against the gold answers, Math-Verify, the tests, the judge."""
-    from afm.tasks.grading import MAX_PREDICTION_CHARS, answer_text, normalize_answer, split_answers
     if answer is None: return "no answer: nothing to grade (0)"
     text = answer_text(answer)
     if not text or len(text) > MAX_PREDICTION_CHARS: return "an empty or over-long answer scores 0"
@@ -72,7 +73,7 @@ def grade_reason(task: Task, answer: str | None, reward: float) -> str:
 def generated_tasks(ids: Iterable[str], scale: float = 1.0, seed: int = 0) -> dict[str, Task]:
     """The tasks of the generated suites among `ids` (`suite/split/…`), made again from their world (`scale`, `seed`):
     their gold answers and kinds, for the page's grades. An id of another benchmark or another world is left out."""
-    from afm.rollout.evaluate import MAX_GENERATED
+    from afm.rollout.evaluate import MAX_GENERATED  # the rollout and the world (pydantic): only where tasks are made
     from afm.tasks.suites import GENERATED_SUITES, load_generated
     want: dict[tuple[str, str], set[str]] = {}
     for i in ids:
@@ -150,7 +151,6 @@ def teacher_view(row: dict, where: str, task: Task | None = None) -> dict:
     except (TypeError, KeyError) as e: raise ValueError(f"{where}: not a recorded teacher run ({e})") from None
     totals, reward, why, outcome_ = run.totals(), None, None, f"teacher {run.status}"
     if task is not None and task.kind != "web":
-        from afm.tasks.grading import grade
         reward = grade(task, run.answer) if run.answer is not None else 0.0
         why, outcome_ = grade_reason(task, run.answer, reward), _graded(reward) if run.answer is not None else outcome_
     steps = [[a.tag, a.output, a.observation, a.agent] for a in run.activations]
@@ -453,7 +453,6 @@ def _embed(data: dict) -> str:
 def page(data: dict, title: str = "afm: trajectories") -> str:
     """One self-contained HTML page of `collect`'s data: the data as JSON inside it, inline CSS and a small script that
     draws it with text nodes only (model output cannot become markup); its content policy forbids any request."""
-    from html import escape
     csp = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
     title = escape(_escaped(title))
     return f"""<!doctype html>
@@ -480,7 +479,7 @@ def write_page(out: Path | str, records: dict[str, Path | str] | None = None, di
     from its world (`generated_tasks`: gold answers and grades). Returns the data the page shows."""
     tasks = None
     if profile is not None:
-        from afm.tasks.world import profile_world
+        from afm.tasks.world import profile_world  # the world imports pydantic: only for a page of tasks
         scale, seed = profile_world(profile)
         tasks = lambda ids: generated_tasks(ids, scale, seed)
     data = collect(records, distill, limit, tasks)
@@ -496,7 +495,6 @@ def profile_sources(profile: str, root: Path | str | None = None) -> tuple[dict[
     """What a run of `profile` leaves to browse: the SFT and RL models' greedy test records (chapter 10's
     `data/rl/<profile>/summary.json`) and the teacher's runs on the same questions (chapter 11's
     `data/results/<profile>`); a one-line FileNotFoundError saying how to make them when they are not there."""
-    from afm.core.files import data_dir, read_json
     summary, teacher = data_dir("rl", profile, root) / "summary.json", data_dir("results", profile, root)
     recs = ((read_json(summary) or {}).get("test_records") or {}) if summary.is_file() else {}
     if not recs or not (teacher / "runs.jsonl").is_file():

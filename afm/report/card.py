@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ..core.files import default_reports, read_json
+from ..core.files import default_reports, read_json, repo_root
 from ..core.chapters import CHAPTERS, Chapter
-from ..core.prose import dig, duration, findings, fmt
+from ..core.prose import duration, findings, fmt
+from ..tasks.suites import WORLD_SUITES
 from .record import chapter_folder, chapter_modules, file_sha256, library_sha256
+
+# the results' tables and studies import the rollout (half a second): they are imported where a table is made
+if TYPE_CHECKING: from afm.report.tables import CardRows
 
 # %% auto #0
 __all__ = ['RESULTS_MARKERS', 'NOTES_MARKERS', 'PROFILE_NOTES', 'cpu_label', 'run_times', 'results_table', 'update_block',
@@ -28,12 +32,6 @@ def _mean(v: Any) -> float | None:
     "A chance level: the number itself, or the mean of a per-suite dict."
     if isinstance(v, dict): v = [x for x in v.values() if isinstance(x, (int, float))] or None
     return sum(v) / len(v) if isinstance(v, list) else v
-
-# %% ../../nbs/report/11c_card.ipynb #b61f5b10
-def _ci(v: Any) -> str:
-    "A 95% interval `[lo, hi]` from a pair or a dict holding `ci95`; empty when there is none."
-    v = v.get("ci95") if isinstance(v, dict) else v
-    return f"[{fmt(v[0])}, {fmt(v[1])}]" if isinstance(v, (list, tuple)) and len(v) == 2 else ""
 
 # %% ../../nbs/report/11c_card.ipynb #67400efa
 def cpu_label(record: dict[str, Any]) -> str:
@@ -62,31 +60,8 @@ def run_times(record: dict[str, Any]) -> str:
                  f"on {load['cpus']} CPUs")
     return line + "."
 
-# %% ../../nbs/report/11c_card.ipynb #5501b607
-class _Rows:
-    "The rows of the results table as they are added, from a run's `record`; a figure the record lacks is left out."
-    def __init__(self, record: dict[str, Any]):
-        from afm.report.results import labelled_decodings, paper_results
-        self.record, self.rows, self.paper = labelled_decodings(record), [], paper_results()  # sampled figures: labels
-
-    def get(self, path: str) -> Any: return dig(self.record, path)
-
-    def num(self, path: str, sign: bool = False) -> str | None:
-        return None if self.get(path) is None else fmt(self.get(path), sign)
-
-    def both(self, a: str, b: str) -> str | None:
-        return None if self.get(a) is None or self.get(b) is None else f"{fmt(self.get(a))} → {fmt(self.get(b))}"
-
-    def paper_value(self, table: str, model: str, column: str) -> Any:
-        return next((r["values"].get(column) for r in self.paper["tables"][table]["rows"] if r["model"] == model), None)
-
-    def add(self, stage: str, figure: str, value: str | None, chance: Any = None, ci: Any = None, published: str = ""):
-        if value is not None and value != "":
-            chance = "" if chance is None else fmt(chance)
-            self.rows.append(f"| {stage} | {figure} | {value} | {chance} | {_ci(ci)} | {published} |")
-
 # %% ../../nbs/report/11c_card.ipynb #3711f6a5
-def _distill_sft_rows(t: _Rows) -> None:
+def _distill_sft_rows(t: CardRows) -> None:
     "The distillation and SFT rows of the results table."
     d = t.paper["distillation"]
     t.add("distillation", f"tasks given to the teacher ({t.get('distill.brain') or 'teacher'}) → trajectories kept",
@@ -100,8 +75,8 @@ def _distill_sft_rows(t: _Rows) -> None:
     n = t.get("sft.test_questions")
     on = f"the {n} test questions of {suites} suites" if n else "the test split"
     gaia = f"AFM-SFT-32B on GAIA: {t.paper_value('web', 'AFM-SFT-32B', 'gaia')}%"
-    t.add("SFT", f"world QA (the 4 world suites of {on}), SFT model, greedy", t.num("sft.world_qa_sft_strict"), qa,
-          t.get("sft.world_qa_sft_ci95"), published=gaia)
+    t.add("SFT", f"world QA (the {len(WORLD_SUITES)} world suites of {on}), SFT model, greedy",
+          t.num("sft.world_qa_sft_strict"), qa, t.get("sft.world_qa_sft_ci95"), published=gaia)
     if (seeds := t.get("sft.seeds.n") or 0) > 1:  # the recipe's spread beside its one reported run
         t.add("SFT", f"world QA, the SFT stage over {seeds} seeds, greedy: mean ± sd (the row above is seed 0)",
               f"{fmt(t.get('sft.seeds.world_qa_mean'))} ± {fmt(t.get('sft.seeds.world_qa_sd'))}", qa)
@@ -112,7 +87,7 @@ def _distill_sft_rows(t: _Rows) -> None:
     t.add("SFT", "training minutes (every stage of the recipe)", t.num("sft.sft_minutes"))
 
 # %% ../../nbs/report/11c_card.ipynb #ca43fc6b
-def _rl_rows(t: _Rows) -> None:
+def _rl_rows(t: CardRows) -> None:
     "The RL rows of the results table: SFT and RL greedy and at temperature 1.0, and their paired difference."
     chance, n, seeds = _mean(t.get("rl.chance")), t.get("rl.heldout_questions"), t.get("rl.seeds")
     arm = f"RL model ({seeds} seed{'s, mean' * (seeds != 1)} of {t.get('rl.steps_per_seed')} steps)" if seeds else \
@@ -129,48 +104,16 @@ def _rl_rows(t: _Rows) -> None:
         t.add("RL", f"RL − SFT, {mode}, paired over the questions", t.num(f"rl.paired_ci_{tag}.difference", sign=True),
               None, t.get(f"rl.paired_ci_{tag}"), published=paper if tag == "greedy" else "")
 
-# %% ../../nbs/report/11c_card.ipynb #dc118dff
-def _results_rows(t: _Rows) -> None:
-    "The efficiency and test-time scaling rows of the results table."
-    tasks = t.get("results.tasks") or "the same"
-    t.add("efficiency", f"tokens per task on {tasks} test questions: teacher → CoA RL model, greedy",
-          t.both("results.teacher_tokens_per_task", "results.coa_tokens_per_task"))
-    t.add("efficiency", f"token reduction (%), CoA RL model against the teacher on {tasks} test questions",
-          t.num("results.token_reduction_pct"),
-          published=f"{t.paper['efficiency']['token_reduction_pct']}% fewer tokens than its MAS on GAIA")
-    t.add("efficiency", "tool calls per task: teacher → CoA RL model",
-          t.both("results.tool_calls_per_task.teacher", "results.tool_calls_per_task.coa"))
-    t.add("efficiency", "tool calls per solved task (all calls over tasks solved): teacher → CoA RL model",
-          t.both("results.tool_calls_per_solved_task.teacher", "results.tool_calls_per_solved_task.coa"),
-          published="the paper: AFM made the fewest tool calls per solved task on GAIA")
-    pv, chance, q = t.paper_value, t.get("results.chance"), t.get("results.tts_questions")
-    how = t.get("results.tts_decoding.label")
-    for arm in ("SFT", "RL"):
-        pk, bo = t.get(f"results.pass_at_k.{arm}") or {}, t.get(f"results.best_of_n.{arm}") or {}
-        ci = t.get(f"results.pass_at_k_ci95.{arm}") or {}
-        if pk:
-            top = max(pk, key=int)
-            k = t.get("results.tts_samples")
-            t.add("test-time scaling", f"{arm} model, {q} test questions, {k} samples each at {how}: pass@1 → "
-                  f"pass@{top}", f"{fmt(pk['1'])} → {fmt(pk[top])}", chance, ci.get(top))
-            paper = f"AFM on GAIA: pass@3 {pv('tts', 'AFM (32B)', 'gaia_pass_at_3')}" if arm == "RL" else ""
-            t.add("test-time scaling", f"{arm} model: pass@3 (unbiased, from all the samples)",
-                  t.num(f"results.pass_at_k.{arm}.3"), chance, ci.get("3"), published=paper)
-        for v, what in (("vote", "majority vote over the answers"), ("confidence", "the model's confidence")):
-            if f"best_of_3_{v}" not in bo: continue  # not beside the paper's Best-of-3: its model judges candidates
-            tied = bo.get(f"best_of_3_{v}_ties")
-            t.add("test-time scaling", f"{arm} model: Best-of-3 by {what}" + ("" if tied is None else
-                  f" (a tie kept the first sample on {tied} question{'s' * (tied != 1)})"),
-                  fmt(bo[f"best_of_3_{v}"]), chance,
-                  bo.get(f"best_of_3_{v}_ci95"))
-
 # %% ../../nbs/report/11c_card.ipynb #ab45b868
 def results_table(record: dict[str, Any]) -> str:
     """The headline results of a run (the content of `metrics.json`) as markdown: a line naming the model, profile and
     grading, then one row per figure with its chance level and 95% interval where measured. Figures the record lacks are
-    left out."""
-    t = _Rows(record)
-    for rows in (_distill_sft_rows, _rl_rows, _results_rows): rows(t)
+    left out. The SFT and RL chapters' rows come first, then each registered study's of the results chapter
+    (`afm.report.results.STUDIES`), in its order."""
+    from afm.report.results import STUDIES
+    from afm.report.tables import CardRows
+    t = CardRows(record)  # sampled figures labelled with their decodings
+    for rows in (_distill_sft_rows, _rl_rows, *(s.card for s in STUDIES.values() if s.card)): rows(t)
     if t.get("reproduce_seconds") is not None or t.get("seconds"):
         t.add("run", "time", run_times(record).removesuffix("."))
     failed = f" · **the run failed** ({', '.join(record['failed'])}): see `reports/README.md`" if record.get("failed") \
@@ -312,15 +255,16 @@ def profile_records(root: Path | str) -> dict[str, dict[str, Any]]:
     return out
 
 # %% ../../nbs/report/11c_card.ipynb #821dc225
-def measured_notes(records: dict[str, dict[str, Any]], notes: dict[str, Sequence[str]] = PROFILE_NOTES) -> str:
-    """Markdown: for each profile of `notes` with a record, its sentences rendered from it
-    (`afm.core.prose.findings`), its
-    sampled figures' decodings labelled (`afm.report.results.labelled_decodings`)."""
-    from afm.report.results import labelled_decodings
+def measured_notes(records: dict[str, dict[str, Any]], notes: dict[str, Sequence[str]] = PROFILE_NOTES,
+                   root: Path | str | None = None) -> str:
+    """Markdown: for each profile of `notes` with a record, where its reports are in repository `root`
+    (`default_reports`) and its sentences rendered from it (`afm.core.prose.findings`), its sampled figures' decodings
+    labelled (`afm.report.tables.labelled_decodings`)."""
+    from afm.report.tables import labelled_decodings
     out = []
     for profile, sentences in notes.items():
         said = findings(sentences, labelled_decodings(records[profile])) if profile in records else ""
-        where = "reports/" if profile == "tiny" else f"reports/{profile}/"
+        where = default_reports(profile, root).relative_to(repo_root(root)).as_posix() + "/"
         if said: out.append(f"- **`{profile}`** (`{where}`, {str(records[profile].get('date', '?'))[:10]}): {said}")
     return "\n".join(out) + "\n"
 
@@ -329,8 +273,9 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
                   root: Path | str | None = None) -> None:
     """Write `metrics.json` and the markdown report card `README.md` into `reports`; with the repository `root`, each
     chapter says which commit produced its figures and is flagged when its notebook or the library changed since, and a
-    run into the profile's default reports also rewrites the repository README's blocks: the results table for `tiny`
-    (`update_readme`), and for any profile the notes on what each profile's last run measured (`measured_notes`)."""
+    run into the profile's default reports also rewrites the repository README's blocks: the results table for a run
+    into `reports/` itself (`update_readme`), and for any profile the notes on what each profile's last run measured
+    (`measured_notes`)."""
     reports = Path(reports)
     reports.mkdir(parents=True, exist_ok=True)
     if root is not None:
@@ -341,5 +286,5 @@ def write_reports(record: dict[str, Any], reports: Path | str, table: Sequence[C
     (reports / "metrics.json").write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     (reports / "README.md").write_text(report_card(record, table))
     if root is None or reports.resolve() != default_reports(record["profile"], root).resolve(): return
-    if record["profile"] == "tiny": update_readme(Path(root) / "README.md", record)
-    update_block(Path(root) / "README.md", NOTES_MARKERS, measured_notes(profile_records(root)))
+    if reports.resolve() == (Path(root) / "reports").resolve(): update_readme(Path(root) / "README.md", record)
+    update_block(Path(root) / "README.md", NOTES_MARKERS, measured_notes(profile_records(root), root=root))

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core.args import ArgParser
+from .browse import profile_sources, write_page
 from .card import cpu_label, write_reports
-from ..core.files import data_dir, default_reports, git_commit, read_json, repo_root
+from ..core.files import data_dir, default_reports, git_commit, progress_bar, read_json, repo_root
 from ..core.chapters import CHAPTERS, WINGS, Chapter, declared_parameters
 from ..core.settings import check_keys, load_profile, load_profiles, settings_path
 from ..rollout.evaluate import TEST_LEDGER
@@ -311,7 +312,6 @@ def run(profile: str = "tiny", reports: Path | str | None = None, chapters: list
     `make reproduce` runs, and `reports/<profile>/` for any other); returns the content of metrics.json. `started_at`
     and `installed_at` (epoch seconds) are when `make reproduce` started and when its install finished: the run's wall
     time then counts the install too."""
-    from afm.core.files import progress_bar
     t_run, root = time.time(), repo_root(root)
     settings = settings_path(settings, root).resolve()
     params = load_profile(profile, settings)
@@ -403,7 +403,6 @@ def browse_page(profile: str, reports: Path, root: Path | str | None = None, lim
     beside the
     SFT and RL models' greedy answers to them; None, said in one line, when a source is missing (the run is not
     failed for it)."""
-    from afm.report.browse import profile_sources, write_page
     try:
         records, teacher = profile_sources(profile, root)
         out = Path(reports) / "browse" / "index.html"
