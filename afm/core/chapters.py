@@ -124,6 +124,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("09d_bench", "sft.bench", commands=("bench sft",), reports="sft_bench"),
     Chapter("10_health", "rl.health", pipeline=False),
     Chapter("10_packed", "rl.packed", pipeline=False),
+    Chapter("10_rewards", "rl.rewards", pipeline=False),
     Chapter("10a_trainer", "rl.trainer", pipeline=False, commands=("rl",)),
     Chapter("10b_bench", "rl.bench", commands=("bench rl",), reports="rl_bench"),
     Chapter("10c_study", "rl.study", reports="rl"),

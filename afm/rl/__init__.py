@@ -8,6 +8,9 @@ Its modules, in the order data flows:
 - `afm.rl.packed` (10_packed): TRL's `GRPOTrainer` with the episodes of a step packed padding-free into rows for its
   forward, the sampler's log-probabilities checked and corrected by one rule on every path, and the step's figures
   folded over its micro-batches.
+- `afm.rl.rewards` (10_rewards): The reward of an RL episode as named, weighted terms on TRL's `reward_funcs`: the
+  strict grade, the format term and DAPO's overlong penalty, each read from what the rollout returns of an episode;
+  the registry where a term lives, and the hacks tried against it.
 - `afm.rl.trainer` (10a_trainer): DAPO-style GRPO on TRL's `GRPOTrainer`, with the CoA rollout loop and its real
   tools as the trainer's `rollout_func`: token in, token out, rewards from strict grades, dynamic sampling, the
   health log and its guard on every step, and `afm rl`.

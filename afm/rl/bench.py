@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-from .trainer import AgenticRollout, RLArgs, rl_tasks, rl_trainer
+from .trainer import AgenticRollout, RLArgs, rl_args, rl_tasks, rl_trainer
 from .health import read_health
-from ..rollout.loop import RolloutConfig, rollout
+from ..rollout.loop import RolloutConfig, rollout, rollout_config
 from ..tasks.task import Task
 from ..tools.toolbox import Toolbox
 
@@ -244,7 +244,6 @@ def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", con
     """Seconds per RL step at the same work with this checkout's code and with `commit`'s (a git worktree), side by
     side, on `profile`'s world and settings: each side's figures (`ours`, `then`) and `speedup` (their step times'
     ratio)."""
-    import dataclasses
     import tempfile
     from afm.tasks.world import profile_world
     root = check_commit(commit)
@@ -252,7 +251,7 @@ def bench_commits(model_dir: Path | str, commit: str, profile: str = "tiny", con
     # the decoding as the earlier code took it too (RLArgs had it then)
     args = {**_same_work(steps, groups, generations), "temperature": config.temperature, "top_p": config.top_p}
     settings = {"model": str(Path(model_dir).resolve()), "profile": profile, "tasks": max(groups, 8),
-                "world": list(profile_world(profile)), "rollout": dataclasses.asdict(config), "args": args}
+                "world": list(profile_world(profile)), "rollout": asdict(config), "args": args}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         if (made := _git(root, "worktree", "add", "--detach", str(tree), commit)).returncode:
@@ -270,8 +269,6 @@ def rl_bench_figures(model_dir: Path | str, profile: str = "tiny", steps: int = 
     tools) on the model in `model_dir`: `bench_rl`, and with `against` `bench_commits` beside it."""
     from afm.core.settings import load_profile
     from afm.models.catalog import load
-    from afm.rl.trainer import rl_args
-    from afm.rollout.loop import rollout_config
     from afm.tasks.world import profile_toolbox, profile_world
     if against: check_commit(against)  # before any model loads
     cfg = rollout_config(profile, "rl", system=system)  # RL's decoding (rl_* over rollout_* keys)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Collection, Sequence
 
 # %% auto #0
-__all__ = ['HEALTH', 'GUARDS', 'health_sums', 'log_health', 'read_health', 'keep_health', 'GuardStop', 'guard_trip',
-           'guard_margins', 'margin_line', 'health_callback', 'plot_health']
+__all__ = ['HEALTH', 'GUARDS', 'health_sums', 'log_health', 'health_columns', 'read_health', 'keep_health', 'GuardStop',
+           'guard_trip', 'guard_margins', 'margin_line', 'health_callback', 'plot_health']
 
 # %% ../../nbs/rl/10_health.ipynb #d2f700d4
 def health_sums(rows: Sequence[dict], cut_ends: Collection[str] = ()) -> dict[str, tuple[float, float]]:
@@ -34,14 +34,16 @@ def health_sums(rows: Sequence[dict], cut_ends: Collection[str] = ()) -> dict[st
 
 # %% ../../nbs/rl/10_health.ipynb #140325e2
 def log_health(trainer, sums: dict[str, tuple[float, float]]) -> None:
-    "Add the ratio of each `(sum, count)` of `sums`, both summed over the processes, to the trainer's metrics."
+    """Add the ratio of each `(sum, count)` of `sums`, both summed over the processes, to what the trainer logs for the
+    step (its `step_metrics()`)."""
     import torch
     names = sorted(sums)
     local = torch.tensor([v for k in names for v in sums[k]], dtype=torch.float64, device=trainer.accelerator.device)
     total = trainer.accelerator.reduce(local, reduction="sum") if trainer.accelerator.num_processes > 1 else local
+    metrics = trainer.step_metrics()
     for i, k in enumerate(names):
         num, den = total[2 * i].item(), total[2 * i + 1].item()
-        trainer._metrics["train" if trainer.model.training else "eval"][k].append(num / den if den else 0.0)
+        metrics[k].append(num / den if den else 0.0)
 
 # %% ../../nbs/rl/10_health.ipynb #012d96d3
 HEALTH = ("step", "reward", "reward_std", "frac_reward_zero_std", "groups/drawn", "groups/zero_variance_share",
@@ -52,15 +54,23 @@ HEALTH = ("step", "reward", "reward_std", "frac_reward_zero_std", "groups/drawn"
           "grad_norm", "learning_rate", "loss", "step_time", "time/rollout_s", "time/tool_wait_s",
           "time/tool_s", "time/reward_s", "time/training_s")
 
+
+def health_columns(terms: Sequence[str] = ()) -> tuple[str, ...]:
+    "The columns of `health.csv`: `HEALTH`, with the mean of each reward term of `terms` (by name) after the reward."
+    at = HEALTH.index("reward") + 1
+    return HEALTH[:at] + tuple(f"rewards/{t}/mean" for t in terms) + HEALTH[at:]
+
 # %% ../../nbs/rl/10_health.ipynb #33e3c743
-def _write_health(path: Path, rows: list[dict], mode: str) -> None:
-    "Rows of the health log as CSV (the `HEALTH` columns; a header when the file is new)."
+def _write_health(path: Path, rows: list[dict], mode: str, columns: Sequence[str] = HEALTH) -> None:
+    "Rows of the health log as CSV: `columns`, in a header when the file is new (an existing file keeps its own)."
+    if mode == "a" and path.is_file():
+        with path.open(newline="") as f: columns = next(csv.reader(f), None) or columns
     new = mode == "w" or not path.is_file()
     with path.open(mode, newline="") as f:
-        w = csv.DictWriter(f, HEALTH, extrasaction="ignore")
+        w = csv.DictWriter(f, columns, extrasaction="ignore")
         if new: w.writeheader()
         for r in rows:
-            w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items() if k in HEALTH})
+            w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items() if k in columns})
 
 # %% ../../nbs/rl/10_health.ipynb #452c7698
 def read_health(path: Path | str) -> list[dict]:
@@ -71,10 +81,12 @@ def read_health(path: Path | str) -> list[dict]:
 
 # %% ../../nbs/rl/10_health.ipynb #c33eeb2e
 def keep_health(path: Path, step: int) -> None:
-    "Drop the rows of the health log after `step` (those of steps a resumed run takes again)."
+    "Drop the rows of the health log after `step` (those of steps a resumed run takes again); its columns stay."
     if not path.is_file(): return
-    with path.open(newline="") as f: rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
-    _write_health(path, rows, "w")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if int(r["step"]) <= step]
+    _write_health(path, rows, "w", reader.fieldnames or HEALTH)
 
 # %% ../../nbs/rl/10_health.ipynb #f87e2534
 GUARDS = {"episodes/tool_failure_rate": "guard_tool_failures", "episodes/format_failure_rate": "guard_format_failures",
@@ -113,8 +125,9 @@ def margin_line(margins: dict[str, dict], name: str = "episodes/format_failure_r
     return f"{name.split('/')[-1]} at most {m['worst']:.3g} against the guard's {m['threshold']:g}"
 
 # %% ../../nbs/rl/10_health.ipynb #1d17a560
-def health_callback(out: Path, thresholds: dict[str, float]):
-    "`health.csv` in the run folder `out`, one row a logged step, and the guard (`thresholds` by `GUARDS` setting)."
+def health_callback(out: Path, thresholds: dict[str, float], terms: Sequence[str] = ()):
+    """`health.csv` in the run folder `out`, one row a logged step (`health_columns` of the reward `terms`), and the
+    guard (`thresholds` by `GUARDS` setting)."""
     from transformers import TrainerCallback
 
     class Health(TrainerCallback):
@@ -136,7 +149,7 @@ def health_callback(out: Path, thresholds: dict[str, float]):
                 waits = sum(logs.get(k, 0.0) for k in ("time/rollout_s", "time/reward_s"))
                 logs["time/training_s"] = logs["step_time"] - waits
             if state.is_world_process_zero:
-                _write_health(self.path, [{"step": state.global_step, **logs}], "a")
+                _write_health(self.path, [{"step": state.global_step, **logs}], "a", health_columns(terms))
             if self.tripped is None and (trip := guard_trip(logs, state.global_step, thresholds)):
                 self.tripped = trip
                 control.should_save, control.should_training_stop = True, True
@@ -152,7 +165,9 @@ def plot_health(run: Path | str, path: Path | str, title: str = "RL health") -> 
     import matplotlib.pyplot as plt
     rows = read_health(run)
     steps = [r["step"] for r in rows]
-    panels = [("reward", ["reward", "episodes/grade"]), ("groups", ["groups/zero_variance_share", "groups/drawn"]),
+    terms = [k for k in (rows[0] if rows else {}) if k.startswith("rewards/") and k.endswith("/mean")]
+    panels = [("reward", ["reward", *terms, "episodes/grade"]),
+              ("groups", ["groups/zero_variance_share", "groups/drawn"]),
               ("per episode", ["episodes/sampled_tokens", "episodes/tool_calls"]),
               ("failure rates", ["episodes/tool_failure_rate", "episodes/format_failure_rate", "episodes/cut_rate"]),
               ("policy", ["entropy", "clip_ratio/region_mean", "logprob_gap/max", "grad_norm"]),

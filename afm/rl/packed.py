@@ -7,14 +7,17 @@ micro-batches."""
 # %% ../../nbs/rl/10_packed.ipynb #dbf519ee
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Sequence
 
+import trl
 from fastcore.basics import patch
 from trl import GRPOTrainer
 
 # %% auto #0
-__all__ = ['EPISODE_ATTENTION', 'pack_rows', 'episode_attention', 'packed_logps', 'sampler_ratio', 'fold_metric',
-           'PackedGRPOTrainer', 'train_pass_peak']
+__all__ = ['EPISODE_ATTENTION', 'TRL_SEAMS', 'pack_rows', 'episode_attention', 'packed_logps', 'sampler_ratio', 'fold_metric',
+           'check_trl_seams', 'PackedGRPOTrainer', 'train_pass_peak']
 
 # %% ../../nbs/rl/10_packed.ipynb #df8cd745
 def pack_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -112,12 +115,12 @@ def sampler_ratio(trainer_logps, sampler_logps, mask, clip_min: float | None = N
     return torch.clamp(diff.exp(), min=clip_min, max=clip_max)
 
 # %% ../../nbs/rl/10_packed.ipynb #88da17cc
-def fold_metric(trainer, name: str, value: float, how: str = "max", weight: float = 1.0) -> None:
-    """Fold `value` into the trainer's metric `name` (train mode) so that what TRL logs for the step, the mean of its
-    list, is the step's `max`, `min` or `weight`-weighted `mean`: the list holds one number, refolded each micro-batch
-    (TRL clears it when it logs)."""
-    held = trainer._metrics["train" if trainer.model.training else "eval"][name]
-    folds = trainer.__dict__.setdefault("_afm_folds", {})
+def fold_metric(metrics: dict[str, list], folds: dict, name: str, value: float, how: str = "max",
+                weight: float = 1.0) -> None:
+    """Fold `value` into the step's metric `name` of `metrics` (what TRL logs for the step is the mean of its list) so
+    that it is the step's `max`, `min` or `weight`-weighted `mean`: the list holds one number, refolded each
+    micro-batch (TRL clears it when it logs); `folds` keeps each mean's running total."""
+    held = metrics[name]
     if not held: folds[name] = (0.0, 0.0)
     if how == "mean":
         total, count = folds[name]
@@ -126,26 +129,59 @@ def fold_metric(trainer, name: str, value: float, how: str = "max", weight: floa
     elif how in ("max", "min"): held[:] = [(max if how == "max" else min)([*held, value])]
     else: raise ValueError(f"fold_metric: how = {how!r}; use max, min or mean")
 
+# %% ../../nbs/rl/10_packed.ipynb #540db142
+TRL_SEAMS = {  # TRL's private methods overridden or called here, and the parameters each was written against
+    "_generate_and_score_completions": ("self", "inputs"),  # overridden: dynamic sampling before TRL scores
+    "_compute_loss": ("self", "model", "inputs"),  # overridden: hands the batch to the packed pass
+    "_get_per_token_logps_and_entropies": (  # overridden: the packed pass, the gap and the sampler's correction
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+        "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+        "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"),
+    "_load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),  # called: a run's last checkpoint, no step
+    "_generate_single_turn": ("self", "prompt_ids", "images", "multimodal_fields", "num_generations",
+                              "has_tool_images"),  # called by the RL benchmark: TRL's own generation, measured
+}
+
+
+def check_trl_seams(trainer: type = GRPOTrainer) -> None:
+    "A one-line TypeError naming the first method of `TRL_SEAMS` whose parameters in `trainer` moved from ours."
+    for name, want in TRL_SEAMS.items():
+        got = tuple(inspect.signature(getattr(trainer, name)).parameters) if hasattr(trainer, name) else None
+        if got != want:
+            raise TypeError(f"TRL {trl.__version__}: {trainer.__name__}.{name} takes {got}, not the {want} "
+                            "afm.rl.packed was written for: check its use of that method")
+
 # %% ../../nbs/rl/10_packed.ipynb #99bd56f9
 class PackedGRPOTrainer(GRPOTrainer):
     """TRL's GRPO with packed padding-free passes (`pack_tokens` a row), the sampler/trainer log-prob gap over the step,
-    in-process, TRL's truncated importance-sampling correction for the sampler (`sampler_correction`), and dynamic
-    sampling where the `rollout_func` offers it (its `fill`)."""
+    in-process, TRL's truncated importance-sampling correction for the sampler (`sampler_correction`), dynamic
+    sampling where the `rollout_func` offers it (its `fill`), and a `health` callback of its own."""
 
-    def __init__(self, *args, pack_tokens: int = 4096, sampler_correction: bool = True, **kwargs):
+    def __init__(self, *args, pack_tokens: int = 4096, sampler_correction: bool = True, health=None, **kwargs):
+        check_trl_seams()  # the private methods below are where they were
         super().__init__(*args, **kwargs)
-        self.pack_tokens, self.sampler_correction, self._afm_batch = pack_tokens, sampler_correction, None
+        self.pack_tokens, self.sampler_correction, self.health = pack_tokens, sampler_correction, health
+        self._afm_batch, self._folds = None, {}  # the batch `_compute_loss` hands the pass; `fold_metric`'s totals
+        if health is not None: self.add_callback(health)
 
+    def step_metrics(self) -> dict[str, list]:
+        "The figures TRL logs for this step, by name (TRL's `_metrics` of the mode: `log` averages, then clears them)."
+        return self._metrics["train" if self.model.training else "eval"]
+
+    # TRL's `_generate_and_score_completions`, where a generation's rows are rolled out and scored: none of its hooks
+    # sees the rows before the rollout, and dynamic sampling replaces them there
     def _generate_and_score_completions(self, inputs):
         fill = getattr(self.rollout_func, "fill", None)  # dynamic sampling: the rows to train on, refilled
         if self.model.training and fill is not None: inputs = fill(inputs, self)
         return super()._generate_and_score_completions(inputs)
 
+    # TRL's `_compute_loss`: the only place the batch (its sampler's log-probs, its advantages) meets the forward
     def _compute_loss(self, model, inputs):
         self._afm_batch = dict(inputs)  # a copy: the advantages the correction scales are this update's alone
         try: return super()._compute_loss(model, self._afm_batch)
         finally: self._afm_batch = None
 
+    # TRL's `_get_per_token_logps_and_entropies`: its padded forward, replaced by the packed one
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **extra):
         if compute_aux_loss or any(v is not None for v in extra.values()):
@@ -178,12 +214,22 @@ def _afm_sampler(self: PackedGRPOTrainer, batch: dict, logps) -> None:
         every = self.accelerator.gather(stats[None]).view(-1, 5)
         stats = torch.stack([every[:, 0].sum(), every[:, 1].sum(), every[:, 2].max(), every[:, 3].min(),
                              every[:, 4].max()])
-    fold_metric(self, "logprob_gap/mean", (stats[0] / stats[1].clamp(min=1)).item(), "mean", stats[1].item())
-    fold_metric(self, "logprob_gap/max", stats[2].item())
+    metrics = self.step_metrics()
+    fold_metric(metrics, self._folds, "logprob_gap/mean", (stats[0] / stats[1].clamp(min=1)).item(), "mean",
+                stats[1].item())
+    fold_metric(metrics, self._folds, "logprob_gap/max", stats[2].item())
     if correct:
         batch["advantages"] = batch["advantages"].reshape(-1, 1) * ratio
-        fold_metric(self, "sampling/importance_sampling_ratio/min", stats[3].item(), "min")
-        fold_metric(self, "sampling/importance_sampling_ratio/max", stats[4].item())
+        fold_metric(metrics, self._folds, "sampling/importance_sampling_ratio/min", stats[3].item(), "min")
+        fold_metric(metrics, self._folds, "sampling/importance_sampling_ratio/max", stats[4].item())
+
+# %% ../../nbs/rl/10_packed.ipynb #36ff5b49
+@patch
+def resume_at_end(self: PackedGRPOTrainer, checkpoint: Path | str) -> None:
+    "The weights and state of `checkpoint`, a run's last, without another step (TRL's `train` would take one)."
+    from transformers.trainer_callback import TrainerState
+    self._load_from_checkpoint(str(checkpoint))  # the Trainer's own loading, as its resume does (`TRL_SEAMS`)
+    self.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
 
 # %% ../../nbs/rl/10_packed.ipynb #a862cb53
 def _one_pass(episodes: int, packed: bool, prompt: int, completion: int, longest: int, budget: int) -> dict:

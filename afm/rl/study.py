@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from .trainer import rl_args, sft_start, train_rl
+from .trainer import RLArgs, rl_args, sft_start, train_rl
 from .health import read_health
+from ..rollout.loop import LEGACY_DECODINGS, RolloutConfig, decoding, decoding_label, rollout_config
 from ..tasks.task import Task
 from ..tools.toolbox import Toolbox
 
 # %% auto #0
-__all__ = ['STAND_IN_ARGS', 'RL_DECODING', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates',
-           'edge_pool', 'pool_figures', 'run_settings', 'choose_variant', 'train_seeds', 'Choice', 'choose_on_val',
+__all__ = ['STAND_IN_ARGS', 'SeedsStudy', 'seeds_study', 'rl_candidates', 'graded', 'overall', 'pass_rates', 'edge_pool',
+           'pool_figures', 'split_settings', 'run_settings', 'choose_variant', 'train_seeds', 'Choice', 'choose_on_val',
            'Tested', 'score_on_test', 'paired_rl_sft', 'mean_sd', 'study_ledger', 'study_arms', 'behaviour_tables',
            'health_figures', 'study_figures', 'write_summary', 'plot_study', 'plot_val', 'rl_verdict', 'found_figures']
 
@@ -113,20 +114,26 @@ def pool_figures(tasks: Sequence[Task], rates: dict[str, float], pool: Sequence[
                               for s, ts in by.items()}}
 
 # %% ../../nbs/rl/10c_study.ipynb #7c1d5e21
-RL_DECODING = ("temperature", "top_p")  # the settings of a variant that RL's rollouts take; the others are RLArgs'
+def split_settings(overrides: dict) -> tuple[dict, dict]:
+    """`overrides` of a run's settings as `(RolloutConfig's, RLArgs')`, each key where it is a field; a one-line
+    ValueError names a key that is a field of both or of neither."""
+    rollout, rl = ({f.name for f in fields(c)} for c in (RolloutConfig, RLArgs))
+    for k in overrides:
+        if (k in rollout) == (k in rl):
+            where = "both RolloutConfig and RLArgs" if k in rl else "neither RolloutConfig nor RLArgs"
+            raise ValueError(f"a run's setting {k!r} is a field of {where}: it cannot say which it sets")
+    return {k: v for k, v in overrides.items() if k in rollout}, {k: v for k, v in overrides.items() if k in rl}
 
 
 def run_settings(study: SeedsStudy, overrides: dict, **args):
-    """`(RLArgs, RolloutConfig)` of a run from the study's start: the profile's, `overrides` (RLArgs fields, or
-    `RL_DECODING`'s for the rollouts) and `args` over them; its steps and the steps between checkpoints rounded up to
-    whole generations (a run resumes at a generation's start)."""
+    """`(RLArgs, RolloutConfig)` of a run from the study's start: the profile's, `overrides` (fields of either, split by
+    `split_settings`) and `args` (RLArgs') over them; its steps and the steps between checkpoints rounded up to whole
+    generations (a run resumes at a generation's start)."""
     from afm.core.settings import load_profile
-    from afm.rollout.loop import rollout_config
     prof, small = load_profile(study.profile), STAND_IN_ARGS if study.stand_in else {}
-    config = rollout_config(study.profile, "rl", system=study.system,
-                            **{k: v for k, v in overrides.items() if k in RL_DECODING})
-    rl = rl_args(prof, **{"model": str(study.start), **{k: v for k, v in overrides.items() if k not in RL_DECODING},
-                          **small, **args})
+    sampling, training = split_settings(overrides)
+    config = rollout_config(study.profile, "rl", system=study.system, **sampling)
+    rl = rl_args(prof, **{"model": str(study.start), **training, **small, **args})
     whole = lambda n: -(-n // rl.updates_per_generation) * rl.updates_per_generation
     return replace(rl, max_steps=whole(rl.max_steps), save_steps=whole(rl.save_steps)), config
 
@@ -198,7 +205,6 @@ def score_on_test(study: SeedsStudy, chosen: dict[int, Path], tasks: Sequence[Ta
     """The reported models on the test questions `tasks`, scored once: the SFT model and each seed's `chosen` one,
     greedy and sampled at the profile's decoding (`samples` a question)."""
     from afm.rollout.evaluate import eval_config, suite_chance
-    from afm.rollout.loop import decoding
     if other := sorted({t.split for t in tasks} - {"test"}):
         raise ValueError(f"score_on_test: the test split reports; got {', '.join(other)} questions")
     chance = suite_chance(tasks, *study.world)
@@ -339,7 +345,6 @@ def _plot_rewards(ax, study: SeedsStudy, seeds: Sequence[int]) -> None:
 def _plot_test(ax, tested: Tested, seeds: Sequence[int]) -> None:
     "Test success of SFT and each seed's model, greedy and sampled, with its interval; chance (mean of suites) beside."
     from afm.rollout.evaluate import suite_rows
-    from afm.rollout.loop import decoding_label
     arms = [("SFT", "sft_greedy", "sft_t1")] + [(f"RL seed {s}", f"rl{s}_greedy", f"rl{s}_t1") for s in seeds]
     for j, (mode, label) in enumerate(((1, "greedy"), (2, decoding_label(tested.decoding)))):
         rows = [suite_rows(tested.records[arm[mode]])[-1] for arm in arms]
@@ -403,7 +408,6 @@ def found_figures(figures: dict) -> dict:
     `rl_label` (RL's), `chance_low`/`chance_high` (over suites), `sft_<x>`/`rl_<x>` (greedy behaviour), `verdict`
     (`rl_verdict`) and `registered` (the registered decision rule: the greedy interval, over seeds where the figures
     hold it, above 0)."""
-    from afm.rollout.loop import LEGACY_DECODINGS, decoding_label
     figures = json.loads(json.dumps(figures))  # as its record holds them (a tuple a list, a key a string)
     arms = {r["model"]: r for r in figures["behaviour"]}
     sft, rl = arms["SFT greedy"], arms["RL greedy (all seeds)"]

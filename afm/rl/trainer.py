@@ -12,26 +12,27 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from fastcore.basics import patch
 
-from ..core.settings import check_fields
+from ..core.settings import check_fields, check_value, profile_config
 from ..core.runs import RunFolder, step_of
-from ..models.engine import Engine
+from ..models.engine import Engine, TransformersEngine
 from .health import GUARDS, GuardStop, health_callback, health_sums, keep_health, log_health, read_health
-from ..rollout.loop import Episode, RolloutConfig, rollout, turn_seed
+from .rewards import (
+    BROKEN_ENDS, CUT_ENDS, EPISODE_FACTS, REWARD_TERMS, episode_facts, episode_rewards, term_weights)
+from ..rollout.loop import Episode, RolloutConfig, rollout, rollout_config, turn_seed
 from ..tasks.suites import WORLD_SUITES
 from ..tasks.task import Task, check_world
 from ..tools.toolbox import Toolbox
 from ..sft.training import REPORTS, check_reporter, has_gpu, is_quiet, slow_bf16, weight_digest
 
 # %% auto #0
-__all__ = ['CUT_ENDS', 'BROKEN_ENDS', 'RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'overlong_penalty', 'episode_reward',
-           'check_rollout', 'coa_reward', 'AgenticRollout', 'has_signal', 'rl_batch', 'rl_config', 'rl_trainer',
-           'train_rl', 'sft_start', 'cli_rl']
+__all__ = ['RLArgs', 'rl_args', 'check_rl_set', 'rl_tasks', 'check_rollout', 'AgenticRollout', 'has_signal', 'rl_batch',
+           'rl_config', 'rl_trainer', 'train_rl', 'sft_start', 'cli_rl']
 
 # %% ../../nbs/rl/10a_trainer.ipynb #bd45f9b6
 @dataclass(frozen=True)
@@ -64,10 +65,11 @@ class RLArgs:
     mask_cut: bool = field(default=True, metadata={
         "help": "no loss on episodes a limit cut short (tokens, turns, tool calls, context)"})
     overlong_buffer: int = field(default=0, metadata={
-        "help": "DAPO's soft overlong penalty: it grows from 0 to -1 over the last this many sampled tokens of the "
-                "budget (0: off)"})
+        "help": "DAPO's soft overlong penalty (the overlong reward term): it grows from 0 to -1 over the last this "
+                "many sampled tokens of the budget (0: off)"})
     format_weight: float = field(default=0.0, metadata={
-        "help": "reward added to a well-formed episode (at most 0.1: format is never the goal)"})
+        "help": "weight of the format reward term (well_formed: 1 a well-formed episode): at most 0.1, format is "
+                "never the goal"})
     lora: bool = field(default=False, metadata={
         "help": "train LoRA adapters (merged at the end) instead of every weight"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
@@ -110,9 +112,7 @@ class RLArgs:
 def rl_args(profile: dict, where: str = "settings.ini", **overrides) -> RLArgs:
     """Profile `profile`'s `RLArgs` (keys `rl_<field>`; the shared `seed` unless `rl_seed` is set), then `overrides`.
     Its other `rl_*` keys must be the RL chapters' parameters or `RolloutConfig`'s fields."""
-    from dataclasses import fields
     from afm.core.chapters import chapter_keys
-    from afm.core.settings import check_value, profile_config
     shared = {"seed": check_value(RLArgs, "seed", profile["seed"], f"{where}: seed")} \
         if "seed" in profile and "rl_seed" not in profile else {}
     own, bench = chapter_keys("rl", "rl_"), chapter_keys("rl_bench", "rl_")  # the study's keys and the benchmark's
@@ -140,41 +140,6 @@ def rl_tasks(suites: Sequence[str] = WORLD_SUITES, per_suite: int = 100, scale: 
     from afm.rollout.evaluate import suite_tasks
     return suite_tasks(per_suite, "rl", check_rl_set(suites, per_suite), scale, seed)
 
-# %% ../../nbs/rl/10a_trainer.ipynb #0e2dd70e
-CUT_ENDS = frozenset({"max_new_tokens", "max_turns", "max_tool_calls", "context", "unclosed"})  # a limit ended it
-BROKEN_ENDS = frozenset({"tool_broken", "engine_error"})  # the environment ended it
-
-
-def overlong_penalty(sampled: int, budget: int, buffer: int) -> float:
-    "DAPO's soft overlong penalty: 0 up to `budget - buffer` sampled tokens, then down to -1 at `budget` (buffer 0: 0)."
-    if buffer <= 0: return 0.0
-    return max(-1.0, min(0.0, (budget - buffer - sampled) / buffer))
-
-# %% ../../nbs/rl/10a_trainer.ipynb #34c58244
-def episode_reward(task: Task, ep: Episode, sample: int, config: RolloutConfig, format_weight: float = 0.0,
-                   overlong_buffer: int = 0, judge=None, runner=None) -> tuple[dict, float | None, str | None]:
-    """`(record, reward, why)`: the episode's strict grade record (`afm.rollout.evaluate.grade_episode`), its reward
-    (None:
-    unscorable) and why it is not the plain grade."""
-    from afm.rollout.evaluate import grade_episode
-    from afm.tasks.grading import JudgeError
-    from afm.tools.llm import BackendError
-    try: rec = grade_episode(task, ep, sample, judge=judge, runner=runner)
-    except (JudgeError, BackendError) as e:  # no verdict, or the judge's endpoint failed: the environment's fault
-        return _bare_record(task, ep, sample), None, f"unscorable: {e}"
-    except Exception as e:  # a grader that raises scores 0 for this episode; the step goes on
-        return _bare_record(task, ep, sample), 0.0, f"grader failed: {type(e).__name__}: {e}"[:300]
-    if ep.end in BROKEN_ENDS: return rec, None, f"unscorable: the episode ended by {ep.end}"
-    reward = rec["reward"] + format_weight * (not rec["format_failure"])
-    return rec, reward + overlong_penalty(ep.sampled_tokens, config.max_new_tokens, overlong_buffer), None
-
-# %% ../../nbs/rl/10a_trainer.ipynb #087fef6e
-def _bare_record(task: Task, ep: Episode, sample: int) -> dict:
-    "A record for an episode whose grading failed: what the episode did, no grade."
-    return {"task_id": task.id, "suite": task.source, "split": task.split, "sample": sample, "answer": None,
-            "reward": 0.0, "end": ep.end, "format_failure": True, "tool_calls": ep.tool_calls,
-            "sampled_tokens": ep.sampled_tokens, "seconds": round(ep.seconds, 4)}
-
 # %% ../../nbs/rl/10a_trainer.ipynb #49678a22
 def check_rollout(out: dict, rows: int, max_new_tokens: int, context: int) -> None:
     "A ValueError naming the row unless `out` has `rows` rows of equal-length ids, masks and log-probs within budget."
@@ -192,14 +157,6 @@ def check_rollout(out: dict, rows: int, max_new_tokens: int, context: int) -> No
                              "sampled tokens")
         if len(p) + len(c) > context:
             raise ValueError(f"rollout row {i}: {len(p) + len(c)} tokens, beyond the context of {context}")
-
-# %% ../../nbs/rl/10a_trainer.ipynb #a8229e5b
-def coa_reward(completions=None, reward=None, **kwargs) -> list[float | None]:
-    "TRL's reward function: the reward each episode got in the rollout, from its strict grade (None: unscorable)."
-    if reward is None:
-        raise ValueError("coa_reward reads the `reward` the rollout returns: use it with AgenticRollout as "
-                         "rollout_func")
-    return list(reward)
 
 # %% ../../nbs/rl/10a_trainer.ipynb #6d48a5b6
 class AgenticRollout:
@@ -235,9 +192,7 @@ def engine(self: AgenticRollout, trainer) -> Engine:
         if vllm:
             from afm.models.backends import VLLMEngine
             engine = VLLMEngine(trainer.vllm_generation.llm)  # colocated: TRL loads the policy's weights each call
-        else:
-            from afm.models.engine import TransformersEngine
-            engine = TransformersEngine(model, trainer.processing_class, max_batch=self.args.max_batch)
+        else: engine = TransformersEngine(model, trainer.processing_class, max_batch=self.args.max_batch)
         self._engine = (target, engine)
     return self._engine[1]
 
@@ -272,18 +227,18 @@ def _episodes(self: AgenticRollout, task_ids: Sequence[str], n: int, trainer, se
 # %% ../../nbs/rl/10a_trainer.ipynb #5bffebb7
 @patch
 def _row(self: AgenticRollout, task: Task, ep: Episode, sample: int) -> dict:
-    "One episode as TRL's row: cut and broken episodes masked from the loss; an empty completion one masked end token."
-    rec, reward, why = episode_reward(task, ep, sample, self.config, self.args.format_weight, self.args.overlong_buffer,
-                                      self.judge, self.runner)
+    """One episode as TRL's row: its tokens (cut and broken episodes masked from the loss; an empty completion one
+    masked end token), what the reward terms read of it (`episode_facts`) and its reward, their weighted sum."""
+    facts = episode_facts(task, ep, sample, self.config, self.args.overlong_buffer, self.judge, self.runner)
     ids, mask, lps = list(ep.completion_ids), list(ep.env_mask), list(ep.logprobs)
     if (self.args.mask_cut and ep.end in CUT_ENDS) or ep.end in BROKEN_ENDS: mask = [0] * len(mask)
     if not ids:
         tok = self._engine[1].tokenizer
         ids, mask, lps = [tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id], [0], [0.0]
-    return {"task_id": task.id, "prompt_ids": list(ep.prompt_ids), "completion_ids": ids, "env_mask": mask,
-            "logprobs": lps, "reward": reward, "why": why, "grade": rec["reward"], "end": ep.end,
-            "format_failure": rec["format_failure"], "tool_calls": ep.tool_calls, "tool_failures": ep.tool_failures,
-            "sampled_tokens": ep.sampled_tokens, "tool_seconds": ep.tool_seconds, "answer": rec.get("answer")}
+    row = {"task_id": task.id, "prompt_ids": list(ep.prompt_ids), "completion_ids": ids, "env_mask": mask,
+           "logprobs": lps, **facts, "tool_seconds": ep.tool_seconds}
+    row["reward"] = episode_rewards([row], term_weights(self.args))[0]
+    return row
 
 # %% ../../nbs/rl/10a_trainer.ipynb #28cd8b3b
 def has_signal(rewards: Sequence[float | None]) -> bool:
@@ -364,7 +319,8 @@ def fill(self: AgenticRollout, rows: list[dict], trainer) -> list[dict]:
 # %% ../../nbs/rl/10a_trainer.ipynb #3f14dd71
 @patch
 def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
-    "TRL's `rollout_func(prompts, trainer)`: the rows `fill` prepared for these prompts, or a fresh rollout of them."
+    """TRL's `rollout_func(prompts, trainer)`: the rows `fill` prepared for these prompts, or a fresh rollout of them;
+    their tokens and what the reward terms read of them (`EPISODE_FACTS`)."""
     n = trainer.num_generations if trainer.model.training else (trainer.num_generations_eval or trainer.num_generations)
     if self._ready is not None and self._ready[0] == list(prompts): rows, self._ready = self._ready[1], None
     else:
@@ -378,7 +334,7 @@ def __call__(self: AgenticRollout, prompts: list, trainer) -> dict:
         log_health(trainer, {**health_sums(rows, CUT_ENDS),
                              "groups/drawn": (len(firsts), 1 / trainer.accelerator.num_processes),
                              "groups/zero_variance_share": (zero, len(firsts))})
-    out = {k: [r[k] for r in rows] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
+    out = {k: [r[k] for r in rows] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", *EPISODE_FACTS)}
     check_rollout(out, len(prompts), self.config.max_new_tokens, self._engine[1].context)
     return out
 
@@ -423,7 +379,8 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
         steps_per_generation=per_generation, num_generations=args.num_generations, num_iterations=1,
         max_completion_length=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         loss_type="dapo", epsilon=args.epsilon, epsilon_high=args.epsilon_high, beta=args.beta,
-        scale_rewards=args.scale_rewards, mask_truncated_completions=False, use_vllm=args.vllm,
+        scale_rewards=args.scale_rewards, reward_weights=list(term_weights(args).values()),
+        mask_truncated_completions=False, use_vllm=args.vllm,
         **({"vllm_mode": "colocate"} if args.vllm else {}), vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_correction=args.vllm and args.sampler_correction,
         logging_steps=1, save_strategy="steps", save_steps=args.save_steps,
@@ -433,7 +390,8 @@ def rl_config(args: RLArgs, out: Path | str, config: RolloutConfig, world_size: 
 
 # %% ../../nbs/rl/10a_trainer.ipynb #c3383bdc
 def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: Path | str, progress: bool = True):
-    "A `PackedGRPOTrainer` over the RL set of `rollout_fn` (a row a task, its id the prompt), with the health log."
+    """A `PackedGRPOTrainer` over the RL set of `rollout_fn` (a row a task, its id the prompt), the reward terms
+    (`REWARD_TERMS`) as its reward functions, and the health log as its `health`."""
     import datasets
     from transformers import PrinterCallback
     from afm.rl.packed import PackedGRPOTrainer
@@ -446,12 +404,11 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
         peft = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; tested here
     data = datasets.Dataset.from_dict({"prompt": rollout_fn.pool})
-    trainer = PackedGRPOTrainer(model=model, reward_funcs=[coa_reward], train_dataset=data, processing_class=tokenizer,
-                                args=rl_config(args, out, rollout_fn.config, world, quiet), peft_config=peft,
-                                rollout_func=rollout_fn, pack_tokens=args.pack_tokens,
-                                sampler_correction=args.sampler_correction)
-    trainer.add_callback(health := health_callback(out, {key: getattr(args, key) for key in GUARDS.values()}))
-    trainer.afm_health = health
+    health = health_callback(out, {key: getattr(args, key) for key in GUARDS.values()}, list(REWARD_TERMS))
+    trainer = PackedGRPOTrainer(model=model, reward_funcs=[t.fn for t in REWARD_TERMS.values()], train_dataset=data,
+                                processing_class=tokenizer, args=rl_config(args, out, rollout_fn.config, world, quiet),
+                                peft_config=peft, rollout_func=rollout_fn, pack_tokens=args.pack_tokens,
+                                sampler_correction=args.sampler_correction, health=health)
     if quiet: trainer.remove_callback(PrinterCallback)
     return trainer
 
@@ -459,7 +416,6 @@ def rl_trainer(model, tokenizer, rollout_fn: AgenticRollout, args: RLArgs, out: 
 def _identity(args: RLArgs, config: RolloutConfig, rollout_fn: AgenticRollout) -> dict:
     "What makes a run: its settings and its task set (hashed)."
     import hashlib
-    from dataclasses import asdict
     ids = "\n".join(rollout_fn.pool).encode()
     return {"args": asdict(args), "rollout": asdict(config), "tasks": len(rollout_fn.pool),
             "tasks_sha256": hashlib.sha256(ids).hexdigest()}
@@ -489,7 +445,6 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     after warm-up): a longer run goes on from the newest checkpoint, a shorter one from the newest at or before its
     end, and a checkpoint at the end is the final model without another step.
     Raises `GuardStop` when the guard stopped the run."""
-    from transformers.trainer_callback import TrainerState
     from afm.models.catalog import load
     args, out, config = args or RLArgs(), Path(out), config or RolloutConfig()
     if (model is None) != (tokenizer is None):
@@ -508,11 +463,10 @@ def train_rl(tasks: Sequence[Task], out: Path | str, args: RLArgs | None = None,
     folder.claim(identity, _FREE)
     t0 = time.perf_counter()
     if last and step_of(last) == args.max_steps:  # nothing left to train (the Trainer would take one more step)
-        trainer._load_from_checkpoint(str(last))
-        trainer.state = TrainerState.load_from_json(str(last / "trainer_state.json"))
+        trainer.resume_at_end(last)
         keep_health(out / "health.csv", args.max_steps)
     else: trainer.train(resume_from_checkpoint=str(last) if last else None)
-    if trainer.afm_health.tripped: raise GuardStop(trainer.afm_health.tripped["message"])
+    if trainer.health.tripped: raise GuardStop(trainer.health.tripped["message"])
     return _finish(trainer, args, out, identity, last, t0, tokenizer)
 
 # %% ../../nbs/rl/10a_trainer.ipynb #49602c6e
@@ -556,10 +510,8 @@ def sft_start(profile: str, prof: dict) -> Path:
 def cli_rl(argv: list[str] | None = None) -> int:
     "`afm rl`: agentic RL from the profile's SFT model on the rl split of its suites, with the real tools; it resumes."
     import sys
-    from dataclasses import asdict
     from afm.core.args import parse_configs, stage_parser, stage_profile
     from afm.core.files import data_dir
-    from afm.rollout.loop import rollout_config
     from afm.tasks.world import profile_toolbox, profile_world
     p, pre = stage_parser("afm rl", cli_rl.__doc__, RLArgs, options={
         "--suites": {"help": "suites whose rl split trains, comma-separated (default: the profile's rl_suites, "
