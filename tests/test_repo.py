@@ -404,3 +404,37 @@ def test_parameter_cells_restate_no_profile_value():
                 found += [f"{c.notebook}: {line.strip()}" for line in "".join(cell["source"]).splitlines()
                           if "#" in line and restated.search(line.split("#", 1)[1])]
     assert not found, found
+
+
+def test_no_import_in_a_function_repeats_one_at_the_top():
+    """A module its file already imports at the top is imported there once: a second import inside a function adds
+    nothing but a place to drift (a function-level import stays only for a module the file does not import at all)."""
+    import ast
+    repeated = []
+    for path in MODULES:
+        tree, package = ast.parse(path.read_text()), path.relative_to(REPO).with_suffix("").parts[:-1]
+        def source(node):
+            return ".".join([*package[:len(package) - node.level + 1], *(node.module or "").split(".")]).strip(".") \
+                if node.level else node.module
+        top = {source(n) for n in tree.body if isinstance(n, ast.ImportFrom)} | \
+            {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        for f in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for n in ast.walk(f):
+                mods = [source(n)] if isinstance(n, ast.ImportFrom) else \
+                    [a.name for a in n.names] if isinstance(n, ast.Import) else []
+                repeated += [f"{path.relative_to(REPO)}:{n.lineno} ({f.name}) imports {m} again"
+                             for m in mods if m in top]
+    assert not repeated, repeated
+
+
+@pytest.mark.parametrize("page, link", [("README.md", "nbs/{path}.ipynb"), ("nbs/index.ipynb", "{path}.ipynb")])
+def test_the_chapter_tables_are_the_chapter_table(page, link):
+    """The README's and the docs home's chapter tables list `CHAPTERS` in order, each chapter linked where its notebook
+    is and under its wing's heading, which says what `WINGS` says the stage does."""
+    import re
+    from afm.core.chapters import CHAPTERS, WINGS
+    text = (REPO / page).read_text()
+    if page.endswith(".ipynb"): text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+    rows = re.findall(r"^\| \[`([^`]+)`\]\(([^)]+)\) \| `afm\.([\w.]+)` \|", text, re.M)
+    assert rows == [(c.notebook, link.format(path=c.path), c.module) for c in CHAPTERS]
+    for wing, does in WINGS.items(): assert f"**`afm.{wing}`** — {does}" in text, wing

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, get_origin, get_type_hints
 
 from .files import repo_root
 
@@ -71,9 +71,8 @@ _KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: 
 def check_value(cls: type, name: str, value: Any, where: str) -> Any:
     """`value` if it has the type of field `name` of dataclass `cls`, else a ValueError naming `where` (the file and
     key) and the type."""
-    import typing
-    hint = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))[name]
-    kind = typing.get_origin(hint) or hint
+    hint = get_type_hints(cls, vars(sys.modules[cls.__module__]))[name]
+    kind = get_origin(hint) or hint
     ok = {int: isinstance(value, int) and not isinstance(value, bool),
           float: isinstance(value, (int, float)) and not isinstance(value, bool), bool: isinstance(value, bool),
           str: isinstance(value, str), list: isinstance(value, list), dict: isinstance(value, dict)}.get(kind, True)
