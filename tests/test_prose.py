@@ -66,3 +66,27 @@ def test_what_the_commands_say_states_no_figure_the_records_lack(known):
     assert len(texts) > 20 and all(texts.values())
     typed = {where: found for where, text in texts.items() if (found := unsourced(text, known))}
     assert typed == {}, typed
+
+
+def test_every_name_the_prose_gives_is_there():
+    """A name the README or a chapter's prose gives as `afm.<module>.<name>` can be imported and looked up: a module
+    moved or a function renamed leaves no sentence pointing at nothing (entry point groups are names of their own)."""
+    import importlib
+    import re
+    groups = {"afm.tools", "afm.benchmarks"}  # entry point groups (pyproject.toml)
+    texts = {"README.md": (REPO / "README.md").read_text()}
+    for p in (REPO / "nbs").rglob("*.ipynb"):
+        texts[p.name] = "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"]
+                                  if c["cell_type"] == "markdown")
+    missing = []
+    for where, text in texts.items():
+        for ref in sorted(set(re.findall(r"(?<![\w.])afm(?:\.\w+)+", text)) - groups):
+            parts, obj, n = ref.split("."), None, 0
+            for n in range(len(parts), 0, -1):
+                try: obj = importlib.import_module(".".join(parts[:n]))
+                except ImportError: continue
+                break
+            try:
+                for name in parts[n:]: obj = getattr(obj, name)
+            except AttributeError: missing.append(f"{where}: {ref}")
+    assert not missing, missing
