@@ -1,5 +1,10 @@
 """Chain-of-Agents: agent foundation models by multi-agent distillation and agentic RL, reproduced notebook-first
 
+afm is built in *wings*, one package a stage of the pipeline, in the order data flows: `afm.format`, `afm.core`,
+`afm.tools`, `afm.tasks`, `afm.teacher`, `afm.models`, `afm.rollout`, `afm.sft`, `afm.rl` and `afm.report`, with the
+`afm` command in `afm.cli`. Each wing's docstring says what the stage does and lists its modules, in the order data
+flows (`afm.core.chapters.WINGS` and `CHAPTERS`).
+
 Modules:
 
 - `afm.models.backends`: Where text and model names meet the engine of `afm.models.engine`, which sees only token ids: `EngineBackend` puts an engine behind the chat-backend protocol, `VLLMEngine` runs vLLM on GPUs, and `build_engine` makes an engine for a model by name or folder, on the device and in the dtype asked for.

@@ -300,6 +300,8 @@ def test_the_house_reads_as_the_pipeline():
     assert len(WINGS) <= 10 and all(sum(c.wing == w for c in CHAPTERS) <= 10 for w in WINGS)
     assert {p.relative_to(REPO / "afm").with_suffix("").as_posix().replace("/", ".") for p in MODULES} == \
         {c.module for c in CHAPTERS}
+    import afm
+    assert all(f"`afm.{wing}`" in afm.__doc__ for wing in WINGS)  # the package's docstring names every wing
     for wing, does in WINGS.items():
         doc = __import__(f"afm.{wing}", fromlist=["_"]).__doc__
         assert " ".join(doc.split()).startswith(" ".join(does.split())), wing

@@ -199,7 +199,8 @@ def _summary(path: Path) -> str:
 def wing_docstring(wing: str, nbs: Path) -> str:
     "What wing `wing`'s `__init__` says: what the stage does, then each of its modules and its notebook's summary."
     def wrap(text: str, indent: str = "") -> str:
-        return textwrap.fill(text, 116, initial_indent=indent, subsequent_indent="  " * bool(indent))
+        return textwrap.fill(text, 116, initial_indent=indent, subsequent_indent="  " * bool(indent),
+                             break_on_hyphens=False)
     mods = [wrap(f"`afm.{c.module}` ({c.notebook}): {_summary(nbs / f'{c.path}.ipynb')}", "- ") for c in CHAPTERS
             if c.wing == wing and (nbs / f"{c.path}.ipynb").is_file()]
     return f"{wrap(WINGS[wing])}\n\nIts modules, in the order data flows:\n\n" + "\n".join(mods)
