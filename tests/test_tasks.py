@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from afm.tasks import grader_checks, grading, hub, suites, task
+from afm.tasks import grader_checks, grading, hub, task
 from afm.tools.llm import BackendError, Endpoint, LLMClient
 
 HERE = Path(__file__).resolve().parent
