@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import urllib.parse
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
@@ -121,10 +122,10 @@ def make_world(config: WorldConfig | None = None, forbidden: Iterable[str] = ())
     import random
     c = config or WorldConfig()
     rng = random.Random(c.seed)
-    namer, ents = _Namer(rng, set(forbidden)), {}
+    namer, ents, made = _Namer(rng, set(forbidden)), {}, Counter()
     def add(kind, name, **attrs):
-        e = Entity(f"{kind}-{sum(x.kind == kind for x in ents.values()):05d}", kind, name, attrs)
-        ents[e.id] = e
+        e = Entity(f"{kind}-{made[kind]:05d}", kind, name, attrs)  # numbered within its kind, in the order made
+        ents[e.id], made[kind] = e, made[kind] + 1
         return e
     countries = [
         add("country", namer.unique(lambda: namer.word(2) + rng.choice(["ia", "land", "ovia", "ara", "estan"])),
