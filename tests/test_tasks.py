@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from afm.tasks import grader_checks, grading, hub, task
+from afm.tasks import grading, hub, task
 from afm.tools.llm import BackendError, Endpoint, LLMClient
 
 HERE = Path(__file__).resolve().parent
@@ -24,24 +24,6 @@ PACKAGED = ("humaneval", "math500", "aime24", "aime25", "cnmo", "fanoutqa")
 
 # ----------------------------------------------------------------------------------------------------------------
 # graders
-
-
-def test_every_humaneval_gold_passes_and_every_stub_fails():
-    report = grader_checks.validate_code_grader(task.load_benchmark("humaneval"), workers=2, progress=False)
-    print(f"\nHumanEval: {report['gold_passed']}/164 gold solutions pass, {report['stub_failed']}/164 `pass` stubs "
-          f"fail, {report['seconds']} s; failures: {report['failures']}")
-    assert report["problems"] == 164 and report["failures"] == []
-    assert report["gold_passed"] == report["stub_failed"] == 164
-
-
-def test_every_mmath_gold_answer_grades_itself_its_forms_and_not_a_wrong_number():
-    suites = {n: task.load_benchmark(n) for n in ("math500", "aime24", "aime25", "cnmo")}
-    assert {n: len(ts) for n, ts in suites.items()} == {"math500": 311, "aime24": 30, "aime25": 15, "cnmo": 18}
-    report = grader_checks.validate_math_grader([t for ts in suites.values() for t in ts], progress=False)
-    print(f"\nMMATH: {report['answers']} gold answers, {report['with_numeric_form']} with a numeric surface form, "
-          f"{report['seconds']} s; (passed, checked) per form: {report['forms']}; failures: {report['failures']}")
-    assert report["answers"] == 374 and report["failures"] == []
-    assert report["forms"]["self"] == report["forms"]["boxed"] == (374, 374)
 
 
 TRICKY = ["", " ", "|||", "<answer></answer>", "<answer>", "\\boxed{", "\\boxed{}", "\x00", "\ud800 \\boxed{1}",
