@@ -12,8 +12,10 @@ sources to `<out>/src` and the site to `<out>/html`; it executes no notebook:
 - a chapter that saves figures (`fig.savefig(out / "x.png")`) shows them under the cell that made them, from
   `reports/<chapter>/`;
 - the run histories (`reports/<chapter>/HISTORY.md`) are pages of the site, and the chapters' links to them lead there;
-- each chapter ends with the API reference of the module it exports, from the docstrings (autodoc; nbdev's markdown
-  docstrings are read as markdown by `conf.py`).
+- each chapter ends with a link to the API reference of the module it exports, a page of its own under `api/` made
+  from the docstrings (autodoc; nbdev's markdown docstrings are read as markdown by `conf.py`); `api.html` lists them
+  by wing. (Pages of their own, in reST and out of the navigation tree: the same reference inside each notebook page,
+  through MyST's reST bridge, took twice as long to build.)
 
 The build must be clean: `tests/test_docs.py` fails on any Sphinx warning and on any link that leads nowhere.
 """
@@ -123,10 +125,9 @@ def adapt(nb, executed: bool, stem: str, figures: Path | None = None, src: Path 
     if not executed and stem != "index" and cells and cells[0].cell_type == "markdown":  # the home page is not run
         advice = NO_OUTPUTS if pipeline else NOT_RUN
         cells.insert(1, nbformat.v4.new_markdown_cell(advice.format(stem=stem, path=path)))
-    if module:
-        # autodoc writes reST
-        cells.append(nbformat.v4.new_markdown_cell(
-            f"## API reference: `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n   :members:\n```"))
+    if module:  # its reference is a page of its own (`write_api`)
+        cells.append(nbformat.v4.new_markdown_cell(f"## API reference\n\n[`{module}`](../api/{stem}.html): what the "
+                                                   "module this chapter exports offers, from its docstrings."))
     nb.cells = cells
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                    "language_info": {"name": "python"}}
@@ -139,7 +140,7 @@ def write_chapters(src: Path, reports: Path) -> list[str]:
     from afm.core.chapters import CHAPTERS, WINGS
     home = adapt(nbformat.read(REPO / "nbs" / "index.ipynb", as_version=4), False, "index")
     home.cells.append(nbformat.v4.new_markdown_cell("```{toctree}\n:hidden:\n:maxdepth: 1\n\nresults\nchapters\n"
-                                                    "histories\n```"))
+                                                    "api\nhistories\n```"))
     nbformat.write(home, src / "index.ipynb")
     (src / "chapters").mkdir(exist_ok=True)
     for c in CHAPTERS:
@@ -153,6 +154,24 @@ def write_chapters(src: Path, reports: Path) -> list[str]:
         parts.append(f"## `{wing or 'afm.cli'}`\n\n{does}\n\n```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
     (src / "chapters.md").write_text("\n".join(parts))
     return [c.notebook for c in CHAPTERS]
+
+
+def write_api(src: Path) -> int:
+    """The API reference: a reST page under `api/` for each chapter's module (autodoc, outside the navigation tree: each
+    chapter links to its own) and `api.md`, the modules by wing; returns how many."""
+    from afm.core.chapters import CHAPTERS, WINGS
+    (src / "api").mkdir(exist_ok=True)
+    for c in CHAPTERS:
+        title, chapter = f"afm.{c.module}", f"`{c.notebook} <../chapters/{c.notebook}.html>`_"
+        (src / "api" / f"{c.notebook}.rst").write_text(f":orphan:\n\n{title}\n{'=' * len(title)}\n\nThe module chapter "
+                                                      f"{chapter} exports.\n\n.. automodule:: {title}\n   :members:\n")
+    parts = ["# API reference\n\nEach chapter's module, from its docstrings, in the wings of the pipeline.\n"]
+    for wing, does in [*WINGS.items(), ("", "The `afm` command.")]:
+        links = "\n".join(f"- [`afm.{c.module}`](api/{c.notebook}.html) ({c.notebook})"
+                           for c in CHAPTERS if c.wing == wing)
+        parts.append(f"## `{wing or 'afm.cli'}`\n\n{does}\n\n{links}\n")
+    (src / "api.md").write_text("\n".join(parts))
+    return len(CHAPTERS)
 
 
 def figure_md(fig: Path, reports: Path, src: Path, up: str = "") -> str:
@@ -226,6 +245,7 @@ def build(out: Path, reports: Path = REPO / "reports", quiet: bool = True) -> Pa
     stems = write_chapters(src, reports)
     n_fig = write_results(src, reports)
     n_hist = write_histories(src, reports)
+    write_api(src)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(REPO / "docs"), str(src), str(html),
            "-d", str(out / "doctrees")] + (["-q"] if quiet else [])
     subprocess.run(cmd, check=True, cwd=REPO)

@@ -165,20 +165,23 @@ def test_home_page(browser):
     page = load(browser, "index.html")
     assert page.js("document.querySelector('h1').textContent").startswith("afm")
     nav = page.js("[...document.querySelectorAll('.sidebar-tree a')].map(a => a.textContent)")
-    assert "Results" in nav and "Chapters" in nav, nav
+    assert "Results" in nav and "Chapters" in nav and "API reference" in nav, nav
 
 
 def test_chapter_page(browser):
-    "A chapter: its title, its code, and the API reference of its module from the docstrings."
+    "A chapter: its title, its code, and a link to the API reference of its module, from the docstrings."
     page = load(browser, "chapters/09a_data.html")
     assert page.js("document.querySelector('h1').textContent").startswith("SFT data")
     assert page.js("document.querySelectorAll('div.cell div.highlight').length") > 10
-    api = page.js("[...document.querySelectorAll('dl.py dt.sig')].map(dt => dt.id)")
-    assert "afm.sft.data.sft_rows" in api, api[:10]
+    assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/api/09a_data.html'))")
     executed = (REPO / "reports" / "notebooks" / "09a_data.ipynb").exists()
     said = page.js("document.body.innerText")
     assert executed or "not a step of the pipeline" in said, "a chapter without outputs must say so"
     assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/08_loop.html'))")
+    page = load(browser, "api/09a_data.html")
+    api = page.js("[...document.querySelectorAll('dl.py dt.sig')].map(dt => dt.id)")
+    assert "afm.sft.data.sft_rows" in api, api[:10]
+    assert page.js("[...document.querySelectorAll('a')].some(a => a.href.endsWith('/chapters/09a_data.html'))")
 
 
 def test_results_page(browser):
@@ -222,9 +225,9 @@ def test_chapter_pages_carry_their_figures(browser):
 
 def test_the_api_reference_reads_markdown_docstrings(browser):
     "afm.models.engine's module docstring holds a markdown table: the reference shows a table, not its `|---|` text."
-    page = load(browser, "chapters/07_engine.html")
-    text = page.js("document.querySelector('section[id^=module-]').innerText")
-    assert "|---" not in text and page.js("document.querySelectorAll('section[id^=module-] table').length") > 0
+    page = load(browser, "api/07_engine.html")
+    text = page.js("document.querySelector('article').innerText")
+    assert "|---" not in text and page.js("document.querySelectorAll('article table').length") > 0
 
 
 def test_histories_are_pages_and_the_advice_works(browser):
