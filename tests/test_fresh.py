@@ -5,6 +5,7 @@ import subprocess
 
 from conftest import REPO
 
+
 def test_two_empty_caches_fit_the_same_weights(tmp_path, monkeypatch, tool_caller_folder):
     """The session's test model (fitted into `make test`'s own cache, emptied when it began) and a fit into an empty
     cache of this test's own: the same folder name (the fit's identity) and the same weights."""
