@@ -6,6 +6,7 @@ trajectories so that it calls a tool, and cached by what went into the fit."""
 # %% ../../nbs/models/07b_fit.ipynb #7ef28ee2
 from __future__ import annotations
 
+import fcntl
 from typing import Sequence
 
 from ..format.coa import TAGS, Step, Trajectory, parse, stop_strings
@@ -137,24 +138,27 @@ def tool_calling_tiny(tasks: int = 40, seed: int = 0, box: Toolbox | None = None
     """`(model, tokenizer)`: the small test `tiny` fitted on `one_search_examples(tasks, box)` a round of `steps` at a
     time until its greedy first turns call a tool on `min_rate` of its training questions and its first turns sampled
     at `probe_temperature` are well-formed `min_sampled` of the time (`FIT`, `settings` over it); cached in the folder
-    `tool_caller_start` names."""
+    `tool_caller_start` names, one process fitting an identity at a time (another waits, then reads it back)."""
     s = {**FIT, **settings}
     model, tok, rows, examples, path = tool_caller_start(tasks, seed, box, **settings)
     greedy, hot = [t for t, _ in examples[:8]], [t for t, _ in examples[:16]]
     rates = lambda m, t: (calls_tools(m, t, greedy),
                           calls_tools(m, t, hot, temperature=s["probe_temperature"], samples=s["probe_samples"]))
     ok = lambda r: r[0] >= s["min_rate"] and r[1] >= s["min_sampled"]
-    if (path / "config.json").is_file():
-        cached, cached_tok = load(str(path))
-        if ok(rates(cached, cached_tok)): return cached, cached_tok
-    for round_ in range(s["rounds"]):
-        fit_ids(model, tok, rows, steps=s["steps"], lr=s["lr"], batch=s["batch"], seed=seed + round_)
-        if ok(got := rates(model, tok)): break
-    else: raise RuntimeError(
-        f"the tool-calling tiny model's greedy first turns call a tool on {got[0]:.0%} of its training questions "
-        f"(wanted {s['min_rate']:.0%}) and its first turns sampled at {s['probe_temperature']} are well-formed "
-        f"{got[1]:.0%} of the time (wanted {s['min_sampled']:.0%}) after {s['rounds']} rounds of {s['steps']} steps; "
-        "fit longer (steps, rounds) or on more examples (tasks)")
-    fitted = {**s, "rounds_taken": round_ + 1, "tasks": tasks, "seed": seed, "calls_tools": got[0],
-              "well_formed_sampled": got[1]}
-    return load(str(save_model(model, tok, path, {"fitted": fitted})))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
+        if (path / "config.json").is_file():
+            cached, cached_tok = load(str(path))
+            if ok(rates(cached, cached_tok)): return cached, cached_tok
+        for round_ in range(s["rounds"]):
+            fit_ids(model, tok, rows, steps=s["steps"], lr=s["lr"], batch=s["batch"], seed=seed + round_)
+            if ok(got := rates(model, tok)): break
+        else: raise RuntimeError(
+            f"the tool-calling tiny model's greedy first turns call a tool on {got[0]:.0%} of its training questions "
+            f"(wanted {s['min_rate']:.0%}) and its first turns sampled at {s['probe_temperature']} are well-formed "
+            f"{got[1]:.0%} of the time (wanted {s['min_sampled']:.0%}) after {s['rounds']} rounds of {s['steps']} "
+            "steps; fit longer (steps, rounds) or on more examples (tasks)")
+        fitted = {**s, "rounds_taken": round_ + 1, "tasks": tasks, "seed": seed, "calls_tools": got[0],
+                  "well_formed_sampled": got[1]}
+        return load(str(save_model(model, tok, path, {"fitted": fitted})))
