@@ -8,16 +8,21 @@ from conftest import REPO
 
 
 def test_two_empty_caches_fit_the_same_weights(tmp_path, monkeypatch, tool_caller_folder):
-    """The session's test model (fitted into `make test`'s own cache, emptied when it began) and a fit into an empty
-    cache of this test's own: the same folder name (the fit's identity) and the same weights."""
-    from afm.models.catalog import load
-    from afm.models.fit import tool_calling_tiny
+    """The session's test model (fitted into `make test`'s own cache, emptied when it began) and a fit into a cache of
+    this test's own, empty but for what another machine's fit could leave under the same identity: a model that calls
+    no tool. That one is fitted again, and the fit gives the session's folder name (the identity) and its weights."""
+    from afm.models.catalog import load, provenance, save_model, tiny_chat_model
+    from afm.models.fit import calls_tools, one_search_examples, tool_caller_start, tool_calling_tiny
     from afm.sft.training import weight_digest
     monkeypatch.setenv("AFM_CACHE", str(tmp_path / "cache"))
-    model, _ = tool_calling_tiny()
-    assert model.name_or_path.startswith(str(tmp_path / "cache"))  # fitted anew, into its own cache
-    assert os.path.basename(model.name_or_path) == tool_caller_folder.name  # under the same identity
+    folder = tool_caller_start()[-1]
+    save_model(*tiny_chat_model(3), folder, {"fitted": "not at all"})  # an untrained model, cached as this fit
+    model, tok = tool_calling_tiny()
+    assert model.name_or_path == str(folder) and folder.is_relative_to(tmp_path / "cache")  # fitted anew, in its own
+    assert folder.name == tool_caller_folder.name  # under the same identity
     assert weight_digest(model) == weight_digest(load(str(tool_caller_folder))[0]), "one identity, other weights"
+    assert calls_tools(model, tok, [t for t, _ in one_search_examples()[:8]]) >= 0.75
+    assert provenance(folder)["fitted"]["calls_tools"] >= 0.75
 
 
 def test_make_test_reads_no_cache_it_did_not_build():

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from afm.models.engine import TransformersEngine
-from afm.models.fit import TINY_SYSTEM, one_search_examples, tool_caller_start, tool_calling_tiny
+from afm.models.fit import TINY_SYSTEM, tool_caller_start, tool_calling_tiny
 from afm.rollout.loop import RolloutConfig, rollout
 from afm.tasks.task import load_benchmark
 from afm.tools.toolbox import TOOLS, Tool, Toolbox
@@ -120,18 +120,6 @@ def test_any_seed_in_range_serves_every_episode(setup, seed):
 @pytest.mark.parametrize("bad", [2**64, -1, 1.0, True])
 def test_a_seed_out_of_range_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match="RolloutConfig.seed"): RolloutConfig(seed=bad)
-
-
-def test_a_cached_fit_that_no_longer_calls_tools_is_fitted_again():
-    from afm.models.fit import calls_tools
-    from afm.models.catalog import provenance, save_model, tiny_chat_model
-    examples = one_search_examples()
-    folder = tool_caller_start(seed=3)[-1]
-    # what another machine's fit could leave: no tool calls
-    save_model(*tiny_chat_model(3), folder, {"fitted": "not at all"})
-    model, tok = tool_calling_tiny(seed=3)
-    assert calls_tools(model, tok, [t for t, _ in examples[:8]]) >= 0.75
-    assert provenance(folder)["fitted"]["calls_tools"] >= 0.75
 
 
 def test_a_released_checkpoint_is_prompted_in_its_own_layout(setup):
