@@ -440,3 +440,26 @@ def test_the_chapter_tables_are_the_chapter_table(page, link):
     rows = re.findall(r"^\| \[`([^`]+)`\]\(([^)]+)\) \| `afm\.([\w.]+)` \|", text, re.M)
     assert rows == [(c.notebook, link.format(path=c.path), c.module) for c in CHAPTERS]
     for wing, does in WINGS.items(): assert f"**`afm.{wing}`** — {does}" in text, wing
+
+
+def test_two_runs_are_compared_figure_by_figure(tmp_path):
+    """`tests/compare_reports.py`: the same figure identical, a timing apart, a figure moved to another chapter with its
+    value, a changed one and a lost one caught (exit 1)."""
+    import compare_reports
+    def run(name, metrics, chapters):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+        for key, figs in chapters.items():
+            (tmp_path / name / key).mkdir()
+            (tmp_path / name / key / "figures.json").write_text(json.dumps(figs))
+        return tmp_path / name
+    before = run("before", {"coa": {"examples": 3, "parse_per_s": 10}, "seconds": {"coa": 2.0}},
+                 {"coa": {"examples": 3, "rows": [{"a": 1}, {"a": 2}]}, "sft": {"bench_rows": 48, "lost": 1}})
+    after = run("after", {"coa": {"examples": 3, "parse_per_s": 12}, "seconds": {"coa": 2.5}},
+                {"coa": {"examples": 3, "rows": [{"a": 1}, {"a": 3}]}, "rl_bench": {"bench_rows": 48}})
+    c = compare_reports.compare(before, after)
+    assert "metrics:coa.examples" in c["identical"] and "coa:rows[0].a" in c["identical"]
+    assert set(c["timings"]) == {"metrics:coa.parse_per_s", "metrics:seconds.coa"}
+    assert c["different"] == [("coa:rows[1].a", 2, 3)] and c["moved"] == [("sft:bench_rows", "rl_bench:bench_rows")]
+    assert c["only_before"] == ["sft:lost"] and c["only_after"] == []
+    assert compare_reports.main([str(before), str(after)]) == 1 and compare_reports.main([str(before)] * 2) == 0
