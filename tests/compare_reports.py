@@ -15,9 +15,12 @@ import re
 import sys
 from pathlib import Path
 
-TIMING = re.compile(r"(second|_s$|_s_|per_s|time|wall|minute|tok_s|tokens_per|throughput|speed|_gb$|_gib|peak|rss|"
-                    r"memory|ratio|faster|date|machine|versions|expected|duration|_ms|latency|elapsed|started|"
-                    r"installed|commit|host|mfu|overhead)", re.I)
+TIMING = re.compile("|".join((  # times and speeds, their ratios and shares, memory, the machine and when things ran
+    r"second", r"_s$", r"_s_", r"per_s", r"time", r"wall", r"minute", r"tok_s", r"tokens_per", r"throughput", r"speed",
+    r"faster", r"ratio", r"duration", r"_ms", r"latency", r"elapsed", r"qps", r"sustained", r"overhead", r"mfu",
+    r"vs_(library|hf|trl|engine|packed)", r"share_(rollout|training|reward|tool_wait)", r"wait_share",
+    r"[:.]profile(_\w+)?\.", r"_gb$", r"_gib", r"peak", r"rss", r"memory", r"^metrics:load\.", r"machine", r"versions",
+    r"date", r"expected", r"started", r"installed", r"finished$", r"commit", r"host")), re.I)
 
 
 def flatten(x, prefix: str = "") -> dict:
