@@ -1,12 +1,13 @@
 """Two runs' figures compared by name: what a change that should not alter behaviour (a move, a split) is checked with.
 
-    python tests/compare_reports.py BEFORE_REPORTS AFTER_REPORTS [--timings]
+    python tests/compare_reports.py BEFORE_REPORTS AFTER_REPORTS [--timings] [--data BEFORE_DATA AFTER_DATA]
 
 Reads each folder's `metrics.json` and every chapter's `figures.json`, flattened to dotted names
 (`sft:test.sft.world_qa`). A figure in both runs is identical, a timing (its name says it measures time, speed, memory
 or the machine: these differ run to run), or different; a figure in one run only is reported as moved when the other run
 holds it, with the same value, under another chapter. Exit 1 when a figure that is not a timing differs or is missing on
-one side.
+one side. `--data`: every JSONL records file under the first `data/` folder is compared with the second's, record by
+record, its timings removed and JSON held in strings read (a file written by parallel workers compared as a set).
 """
 from __future__ import annotations
 
@@ -61,9 +62,33 @@ def compare(before: Path, after: Path) -> dict[str, list]:
             "only_after": [k for k in new if k not in now and not TIMING.search(k)]}
 
 
+def _records(path: Path) -> list:
+    def clean(x):
+        if isinstance(x, str) and x[:1] in "{[":
+            try: x = json.loads(x)
+            except ValueError: return x
+        if isinstance(x, dict): return {k: clean(v) for k, v in x.items() if not TIMING.search(k)}
+        return [clean(v) for v in x] if isinstance(x, list) else x
+    return [clean(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compare_records(before: Path, after: Path) -> dict[str, list]:
+    "`identical` and `different` (relative paths) of the JSONL files under `before`; `missing`: not under `after`."
+    out = {"identical": [], "different": [], "missing": []}
+    for f in sorted(p.relative_to(before) for p in Path(before).rglob("*.jsonl")):
+        if not (Path(after) / f).is_file():
+            out["missing"].append(str(f))
+            continue
+        b, a = _records(Path(before) / f), _records(Path(after) / f)
+        as_set = lambda rows: sorted(json.dumps(r, sort_keys=True) for r in rows)
+        out["identical" if a == b or as_set(a) == as_set(b) else "different"].append(str(f))
+    return out
+
+
 def main(argv: list[str]) -> int:
-    paths = [a for a in argv if not a.startswith("--")]
-    if len(paths) != 2: raise SystemExit(__doc__)
+    data = argv[argv.index("--data") + 1:argv.index("--data") + 3] if "--data" in argv else []
+    paths = [a for a in argv if not a.startswith("--") and a not in data]
+    if len(paths) != 2 or len(data) not in (0, 2): raise SystemExit(__doc__)
     c = compare(*map(Path, paths))
     print(", ".join(f"{k} {len(v)}" for k, v in c.items()))
     for k, was, now in c["different"]: print(f"different  {k}: {was!r:.80} -> {now!r:.80}")
@@ -71,7 +96,9 @@ def main(argv: list[str]) -> int:
         for k in c[side]: print(f"{side}  {k}")
     if "--timings" in argv:
         for k in c["timings"]: print(f"timing  {k}")
-    return int(bool(c["different"] or c["only_before"] or c["only_after"]))
+    r = compare_records(*map(Path, data)) if data else {}
+    if data: print(f"records: identical {len(r['identical'])}, different {r['different']}, missing {r['missing']}")
+    return int(bool(c["different"] or c["only_before"] or c["only_after"] or r.get("different") or r.get("missing")))
 
 
 if __name__ == "__main__":

@@ -463,3 +463,13 @@ def test_two_runs_are_compared_figure_by_figure(tmp_path):
     assert c["different"] == [("coa:rows[1].a", 2, 3)] and c["moved"] == [("sft:bench_rows", "rl_bench:bench_rows")]
     assert c["only_before"] == ["sft:lost"] and c["only_after"] == []
     assert compare_reports.main([str(before), str(after)]) == 1 and compare_reports.main([str(before)] * 2) == 0
+    for side, rows in (("b", [{"task_id": "a", "reward": 1, "seconds": 2.0, "trajectory": '{"steps": [1]}'},
+                              {"task_id": "b", "reward": 0}]),
+                       ("a", [{"task_id": "b", "reward": 0},
+                              {"task_id": "a", "reward": 1, "seconds": 3.5, "trajectory": '{"steps": [1]}'}])):
+        (tmp_path / side / "sft").mkdir(parents=True)
+        (tmp_path / side / "sft" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp_path / side / "sft" / "val.jsonl").write_text(json.dumps({"task_id": "c", "reward": int(side == "a")}))
+    got = compare_reports.compare_records(tmp_path / "b", tmp_path / "a")
+    assert got == {"identical": ["sft/test.jsonl"], "different": ["sft/val.jsonl"], "missing": []}
+    assert compare_reports.main([str(before)] * 2 + ["--data", str(tmp_path / "b"), str(tmp_path / "b")]) == 0
