@@ -45,7 +45,7 @@ def test_a_fresh_install_compiles_its_dependencies_quietly(tmp_path):
     code = ("import sys; from afm.tasks.suites import math_tasks; sys.pycache_prefix = sys.argv[1]; "
             "assert 'reasoning_gym' not in sys.modules; print(len(math_tasks('val', 2)))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # its bytecode written: compiled
-    r = subprocess.run([sys.executable, "-W", "default", "-c", code, str(tmp_path)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                        timeout=120, env={**env, "PYTHONWARNINGS": "default"})
     assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr
     assert any(tmp_path.rglob("*.pyc")), "nothing was compiled afresh"
